@@ -1,0 +1,37 @@
+"""Collectives for CuPy on NCCL, bootstrapped by MPI, with an MPI backend for NumPy arrays.
+
+Example:
+    >>> import collectives as col
+    >>> comm = col.init()                   # mpiexec -n 4 python script.py
+    >>> comm.all_reduce(x, op="avg")
+"""
+
+from ._arrays import BFloat16Array, array_module, as_bfloat16
+from ._communicator import Communicator
+from ._errors import (
+    BackendUnavailableError,
+    CollectiveMismatchError,
+    CollectivesError,
+    CollectiveTimeoutError,
+    InvalidArgumentError,
+)
+from ._init import init
+from ._mesh import DeviceMesh
+from ._ops import ReduceOp
+from ._work import Work
+
+__all__ = [
+    "BFloat16Array",
+    "BackendUnavailableError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CollectivesError",
+    "Communicator",
+    "DeviceMesh",
+    "InvalidArgumentError",
+    "ReduceOp",
+    "Work",
+    "array_module",
+    "as_bfloat16",
+    "init",
+]

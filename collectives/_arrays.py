@@ -1,0 +1,132 @@
+"""What counts as an array, and the checks every call makes on its arguments."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import dtype_name
+from ._errors import invalid
+
+
+class BFloat16Array:
+    """A uint16 array (NumPy or CuPy) whose bits are bfloat16 values.
+
+    Example:
+        >>> bits = np.zeros(4, np.uint16)
+        >>> comm.all_reduce(as_bfloat16(bits))  # reduced as bfloat16
+    """
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any):
+        if array.dtype != np.uint16:
+            raise invalid("as_bfloat16", f"array has dtype {array.dtype}, expected uint16")
+        self.array = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    def __repr__(self) -> str:
+        return f"as_bfloat16({self.array!r})"
+
+
+def as_bfloat16(array: Any) -> BFloat16Array:
+    """Declare a uint16 array as holding bfloat16 values (CuPy has no bfloat16 dtype)."""
+    return BFloat16Array(array)
+
+
+def _cupy():
+    return sys.modules.get("cupy")
+
+
+def is_device_array(x: Any) -> bool:
+    """True for CuPy arrays (only possible once cupy has been imported)."""
+    cp = _cupy()
+    return cp is not None and isinstance(x, cp.ndarray)
+
+
+def array_module(x: Any):
+    """``numpy`` or ``cupy``, whichever ``x`` belongs to.
+
+    Example:
+        >>> xp = array_module(grad); xp.zeros_like(grad)
+    """
+    if isinstance(x, BFloat16Array):
+        x = x.array
+    return _cupy() if is_device_array(x) else np
+
+
+def to_array(obj: Any, call: str, arg: str) -> Any:
+    """NumPy/CuPy arrays pass through; other array objects are wrapped zero-copy."""
+    if isinstance(obj, (np.ndarray, BFloat16Array)) or is_device_array(obj):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        import cupy
+
+        return cupy.asarray(obj)
+    if hasattr(obj, "__dlpack_device__"):
+        device_type = obj.__dlpack_device__()[0]
+        if device_type in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            import cupy
+
+            return cupy.from_dlpack(obj)
+        return np.from_dlpack(obj)
+    if hasattr(obj, "__array_interface__"):
+        return np.asarray(obj)
+    raise invalid(
+        call, f"{arg} must be a NumPy or CuPy array (or expose DLPack), got {type(obj).__name__}"
+    )
+
+
+def unwrap(x: Any, call: str, arg: str = "x") -> tuple[Any, str]:
+    """(storage array, dtype name) for an accepted array, after the local checks."""
+    if isinstance(x, BFloat16Array):
+        array, name = x.array, "bfloat16"
+    else:
+        array = to_array(x, call, arg)
+        if isinstance(array, BFloat16Array):
+            array, name = array.array, "bfloat16"
+        else:
+            name = dtype_name(array.dtype, call, arg)
+    if not array.flags.c_contiguous:
+        raise invalid(call, f"{arg} must be C-contiguous, got strides {array.strides}")
+    return array, name
+
+
+def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tuple) -> None:
+    """``out`` must match ``x``'s dtype and array module, and have ``shape``."""
+    if out_name != x_name:
+        raise invalid(call, f"out has dtype {out_name}, expected {x_name} (the dtype of x)")
+    if type(out) is not type(x):
+        raise invalid(
+            call, f"out is a {type(out).__module__} array, expected {type(x).__module__} like x"
+        )
+    if out.shape != shape:
+        raise invalid(call, f"out has shape {out.shape}, expected {shape}")
+
+
+def overlap_check(call: str, x: Any, out: Any) -> bool:
+    """True when ``out`` is ``x``'s memory (in place); partial overlap is an error."""
+    x_ptr, out_ptr = _address(x), _address(out)
+    if x_ptr == out_ptr and x.nbytes == out.nbytes:
+        return True
+    if x.nbytes and out.nbytes and x_ptr < out_ptr + out.nbytes and out_ptr < x_ptr + x.nbytes:
+        raise invalid(call, "out overlaps x without being the same memory; pass distinct buffers")
+    return False
+
+
+def _address(a: Any) -> int:
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    return a.data.ptr
+
+
+def is_slot(part: Any, whole: Any, index: int) -> bool:
+    """True when ``part`` is exactly ``whole[index]`` (the in-place forms of gather/scatter)."""
+    if part is None or whole is None or part.nbytes * whole.shape[0] != whole.nbytes:
+        return False
+    return _address(part) == _address(whole) + index * part.nbytes

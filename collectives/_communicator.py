@@ -1,0 +1,393 @@
+"""The public ``Communicator``: argument checks, bookkeeping, and dispatch to a backend.
+
+The verbs are thin: each checks its arguments locally (so bad input fails before any
+communication), then hands the same ``(x, out, name, op, root, record)`` to the backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from mpi4py import MPI
+
+from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
+from ._dtypes import check_op_for_dtype
+from ._errors import CollectivesError, invalid
+from ._ops import ReduceOp, parse_op
+from ._work import OpRecord, Work
+
+RECORDER_LENGTH = 64
+
+
+class Communicator:
+    """A group of ranks that run collectives together. Made by :func:`collectives.init`.
+
+    Example:
+        >>> comm = col.init()
+        >>> x = np.full(4, comm.rank, np.float32)
+        >>> comm.all_reduce(x)          # in place: every rank now holds sum(range(size))
+        >>> comm.close()
+    """
+
+    def __init__(
+        self,
+        impl: Any,
+        mpi_comm: MPI.Comm,
+        *,
+        backend: str,
+        timeout: float,
+        check: bool,
+        device: int | None = None,
+        stream: Any = None,
+    ):
+        self._impl = impl
+        self.mpi_comm = mpi_comm
+        self.rank: int = mpi_comm.Get_rank()
+        self.size: int = mpi_comm.Get_size()
+        local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank: int = local.Get_rank()
+        self.local_size: int = local.Get_size()
+        local.Free()
+        self.backend: str = backend
+        self.device: int | None = device
+        self.stream = stream
+        self.timeout = float(timeout)
+        self.recorder: collections.deque[OpRecord] = collections.deque(maxlen=RECORDER_LENGTH)
+        self._seq = 0
+        self._group: list | None = None
+        self._unusable: CollectivesError | None = None
+        self._lock = threading.Lock()
+        self._stages_device_arrays = backend == "mpi"
+        self._check_arrays = getattr(impl, "check_arrays", None)
+        if hasattr(impl, "attach"):
+            impl.attach(self)
+        self._checker = None
+        self._progress = None
+        if check:
+            from ._check import Checker
+
+            self._checker = Checker(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Communicator(backend={self.backend!r}, rank={self.rank}, size={self.size}, "
+            f"device={self.device})"
+        )
+
+    # ---------------------------------------------------------------- collectives
+
+    def all_reduce(
+        self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """Reduce ``x`` over all ranks into ``out`` (default: ``x``, in place).
+
+        Example: ``comm.all_reduce(grad, op="avg")``.
+        """
+        x, name = unwrap(x, "all_reduce")
+        op = self._op("all_reduce", op, name)
+        out = x if out is None else self._out("all_reduce", out, x, name, x.shape)
+        return self._run("all_reduce", self._impl.all_reduce, x, out, name, op, None, async_op, out)
+
+    def reduce(
+        self,
+        x: Any,
+        root: int = 0,
+        op: ReduceOp | str = "sum",
+        *,
+        out: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
+        x, name = unwrap(x, "reduce")
+        self._root("reduce", root)
+        op = self._op("reduce", op, name)
+        if self.rank != root:
+            if out is not None:
+                self._out("reduce", out, x, name, x.shape)
+            return self._run("reduce", self._impl.reduce, x, None, name, op, root, async_op, x)
+        out = x if out is None else self._out("reduce", out, x, name, x.shape)
+        return self._run("reduce", self._impl.reduce, x, out, name, op, root, async_op, out)
+
+    def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
+        """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
+        x, name = unwrap(x, "broadcast")
+        self._root("broadcast", root)
+        return self._run("broadcast", self._impl.broadcast, x, x, name, None, root, async_op, x)
+
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        """``out[r]`` is rank r's ``x``; ``out.shape == (size, *x.shape)``.
+
+        ``x`` may be ``out[rank]`` itself (the in-place form).
+        """
+        x, name = unwrap(x, "all_gather")
+        shape = (self.size, *x.shape)
+        out = self._new(x, shape) if out is None else self._slot_out("all_gather", out, x, name, shape)
+        return self._run("all_gather", self._impl.all_gather, x, out, name, None, None, async_op, out)
+
+    def reduce_scatter(
+        self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """``out`` (shape ``x.shape[1:]``) is the reduction over ranks of ``x[rank]``."""
+        x, name = unwrap(x, "reduce_scatter")
+        self._leading("reduce_scatter", x)
+        op = self._op("reduce_scatter", op, name)
+        shape = x.shape[1:]
+        if out is None:
+            out = self._new(x, shape)
+        else:
+            out = self._slot_out("reduce_scatter", out, x, name, shape, out_is_part=True)
+        return self._run(
+            "reduce_scatter", self._impl.reduce_scatter, x, out, name, op, None, async_op, out
+        )
+
+    def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
+        x, name = unwrap(x, "all_to_all")
+        self._leading("all_to_all", x)
+        out = self._new(x, x.shape) if out is None else self._out("all_to_all", out, x, name, x.shape)
+        return self._run("all_to_all", self._impl.all_to_all, x, out, name, None, None, async_op, out)
+
+    def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
+        x, name = unwrap(x, "gather")
+        self._root("gather", root)
+        if self.rank != root:
+            return self._run("gather", self._impl.gather, x, None, name, None, root, async_op, None)
+        shape = (self.size, *x.shape)
+        out = self._new(x, shape) if out is None else self._slot_out("gather", out, x, name, shape)
+        return self._run("gather", self._impl.gather, x, out, name, None, root, async_op, out)
+
+    def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
+        ``x`` of root's shape (only its shape and dtype are used)."""
+        self._root("scatter", root)
+        if self.rank == root or out is None:
+            if x is None:
+                raise invalid("scatter", "x is required on root (and out or x elsewhere), got None")
+            x, name = unwrap(x, "scatter")
+            self._leading("scatter", x)
+            if out is None:
+                out = self._new(x, x.shape[1:])
+            else:
+                out = self._slot_out("scatter", out, x, name, x.shape[1:], out_is_part=True)
+        else:
+            out, name = unwrap(out, "scatter", "out")
+        send = x if self.rank == root else None
+        return self._run("scatter", self._impl.scatter, send, out, name, None, root, async_op, out)
+
+    def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
+        """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
+        x, name = unwrap(x, "send")
+        self._peer("send", peer)
+        return self._run("send", self._impl.send, x, None, name, None, peer, async_op, None)
+
+    def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
+        """Receive into ``x`` from ``peer``."""
+        x, name = unwrap(x, "recv")
+        self._peer("recv", peer)
+        return self._run("recv", self._impl.recv, None, x, name, None, peer, async_op, x)
+
+    def barrier(self, *, async_op: bool = False) -> Any:
+        """Return when every rank has called it."""
+        return self._run("barrier", self._impl.barrier, None, None, None, None, None, async_op, None)
+
+    @contextmanager
+    def group(self) -> Iterator[Communicator]:
+        """Batch the calls inside into one launch; they complete when the block ends.
+
+        Example (a ring exchange that cannot deadlock):
+            >>> with comm.group():
+            ...     comm.send(x, (comm.rank + 1) % comm.size)
+            ...     comm.recv(y, (comm.rank - 1) % comm.size)
+        """
+        if self._group is not None:  # nested: join the outer group
+            yield self
+            return
+        self._usable("group")
+        self._group = []
+        self._impl.group_start()
+        failed = True
+        try:
+            yield self
+            failed = False
+        finally:
+            pendings, self._group = self._group, None
+            self._impl.group_end(pendings)
+            if not failed:
+                for pending in pendings:
+                    self._wait(pending)
+
+    # ---------------------------------------------------------------- structure
+
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        """A communicator of the ranks that passed the same ``color`` (None: not included).
+
+        Every rank must call it. Ranks are ordered by ``key`` (default: current rank).
+        """
+        self._usable("split")
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise invalid("split", f"color must be a non-negative int or None, got {color!r}")
+        key = self.rank if key is None else key
+        child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
+        impl, extra = self._impl.split(child, color, key)
+        if child == MPI.COMM_NULL:
+            return None
+        return Communicator(
+            impl,
+            child,
+            backend=self.backend,
+            timeout=self.timeout,
+            check=self._checker is not None,
+            **extra,
+        )
+
+    def close(self) -> None:
+        """Free the communicator. Idempotent; every rank should call it."""
+        if isinstance(self._unusable, _Closed):
+            return
+        self._unusable = _Closed("communicator is closed")
+        self._impl.close()
+        self._free_mpi()
+
+    def abort(self) -> None:
+        """Tear the communicator down without waiting for operations in flight."""
+        if isinstance(self._unusable, _Closed):
+            return
+        self._unusable = _Closed("communicator was aborted")
+        self._impl.abort()
+        self._free_mpi()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._unusable is not None
+
+    def mpi_comm_world_ranks(self) -> list[int]:
+        """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order."""
+        try:
+            return MPI.Group.Translate_ranks(
+                self.mpi_comm.Get_group(), list(range(self.size)), MPI.COMM_WORLD.Get_group()
+            )
+        except Exception:
+            return list(range(self.size))
+
+    def progress_report(self) -> str:
+        """Where the other ranks are, when known (filled in by the progress board)."""
+        board = self._progress
+        return "" if board is None else board.report()
+
+    # ---------------------------------------------------------------- internals
+
+    def _run(self, call, verb, x, out, name, op, root, async_op, result):
+        if self._unusable is not None:
+            raise self._unusable_error(call)
+        if self._check_arrays is not None:
+            self._check_arrays(call, x, out)
+        if not self._lock.acquire(False):
+            raise invalid(call, "the communicator is in use by another thread; "
+                          "issue collectives on one communicator from one thread at a time")
+        try:
+            self._seq = seq = self._seq + 1
+            array = x if x is not None else out
+            if array is None:
+                record = OpRecord(seq, call, 0, None, None)
+            else:
+                record = OpRecord(seq, call, array.nbytes, name, array.shape)
+            self.recorder.append(record)
+            if self._checker is not None:
+                self._checker.verify(record, op, root)
+            if self._stages_device_arrays and self._impl.needs_staging(x, out):
+                pending = self._impl.staged(verb, x, out, name, op, root, record)
+            else:
+                pending = verb(x, out, name, op, root, record)
+            if self._group is not None:
+                self._group.append(pending)
+            elif not async_op:
+                self._wait(pending)
+                return result
+            work = Work(self, pending, result)
+            return work if async_op else result
+        finally:
+            self._lock.release()
+
+    def _wait(self, pending) -> None:
+        pending.wait(self)
+
+    def _synchronize(self, pending) -> None:
+        pending.synchronize(self)
+
+    def _die(self, error: CollectivesError) -> None:
+        """Mark the communicator dead after a timeout, abort the backend, raise ``error``."""
+        if self._unusable is None:
+            self._unusable = error
+            self._impl.abort()
+            if self._progress is not None:
+                self._progress.close()
+        raise error
+
+    def _unusable_error(self, call: str) -> CollectivesError:
+        reason = self._unusable
+        if isinstance(reason, _Closed):
+            return invalid(call, f"{reason} (rank {self.rank})")
+        return CollectivesError(f"{call}: communicator is unusable after an earlier error: {reason}")
+
+    def _usable(self, call: str) -> None:
+        if self._unusable is not None:
+            raise self._unusable_error(call)
+
+    def _free_mpi(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self.mpi_comm != MPI.COMM_NULL:
+            self.mpi_comm.Free()
+        if self._checker is not None:
+            self._checker.close()
+
+    def _op(self, call: str, op: Any, name: str) -> ReduceOp:
+        op = parse_op(op, call)
+        check_op_for_dtype(op, name, call)
+        return op
+
+    def _root(self, call: str, root: Any) -> None:
+        if type(root) is not int or not 0 <= root < self.size:
+            raise invalid(call, f"root must be an int in [0, {self.size}), got {root!r}")
+
+    def _peer(self, call: str, peer: Any) -> None:
+        if type(peer) is not int or not 0 <= peer < self.size:
+            raise invalid(call, f"peer must be an int in [0, {self.size}), got {peer!r}")
+        if peer == self.rank and self._group is None:
+            raise invalid(call, f"peer {peer} is this rank: a {call} to itself outside "
+                          "comm.group() can never complete")
+
+    def _leading(self, call: str, x: Any) -> None:
+        if x.ndim == 0 or x.shape[0] != self.size:
+            raise invalid(call, f"x has shape {x.shape}, expected a first axis of size {self.size}")
+
+    def _new(self, x: Any, shape: tuple) -> Any:
+        return array_module(x).empty(shape, x.dtype)
+
+    def _out(self, call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
+        out, out_name = unwrap(out, call, "out")
+        same_kind(call, x, name, out, out_name, shape)
+        return x if overlap_check(call, x, out) else out
+
+    def _slot_out(self, call, out, x, name, shape, out_is_part: bool = False):
+        """``out`` for calls whose in-place form has one array be the rank's slot of the other."""
+        out, out_name = unwrap(out, call, "out")
+        same_kind(call, x, name, out, out_name, shape)
+        part, whole = (out, x) if out_is_part else (x, out)
+        if not is_slot(part, whole, self.rank):
+            overlap_check(call, x, out)
+        return out
+
+
+class _Closed(CollectivesError):
+    pass

@@ -1,0 +1,32 @@
+"""The error classes of the collectives layer."""
+
+from __future__ import annotations
+
+
+class CollectivesError(RuntimeError):
+    """Base class of every error raised by this library."""
+
+
+class InvalidArgumentError(CollectivesError, ValueError):
+    """Bad input found locally, before any communication.
+
+    Example: ``comm.broadcast(x, root=7)`` on 4 ranks raises
+    ``InvalidArgumentError("broadcast: root must be in [0, 4), got 7")``.
+    """
+
+
+class CollectiveMismatchError(CollectivesError):
+    """Ranks called different collectives (op, shape, dtype, root or reduce op differ)."""
+
+
+class CollectiveTimeoutError(CollectivesError, TimeoutError):
+    """A collective did not complete within the communicator's timeout; the communicator is dead."""
+
+
+class BackendUnavailableError(CollectivesError):
+    """The requested backend cannot run here (no GPU, no NCCL, CuPy missing...)."""
+
+
+def invalid(call: str, message: str) -> InvalidArgumentError:
+    """``InvalidArgumentError`` with the call's name in front: ``invalid("send", "peer ...")``."""
+    return InvalidArgumentError(f"{call}: {message}")

@@ -1,0 +1,112 @@
+"""``DeviceMesh``: named axes over the ranks of a communicator, row-major.
+
+The rank-grid math is pure (no communicator) so it can be tested and reasoned about alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from ._communicator import Communicator
+from ._errors import invalid
+
+
+def mesh_coords(rank: int, shape: Mapping[str, int]) -> dict[str, int]:
+    """Coordinates of ``rank`` in a row-major grid (the last name varies fastest).
+
+    Example:
+        >>> mesh_coords(5, {"pp": 2, "dp": 2, "tp": 2})
+        {'pp': 1, 'dp': 0, 'tp': 1}
+    """
+    coords = {}
+    for name in reversed(list(shape)):
+        rank, coords[name] = divmod(rank, shape[name])
+    return {name: coords[name] for name in shape}
+
+
+def mesh_rank(coords: Mapping[str, int], shape: Mapping[str, int]) -> int:
+    """Inverse of :func:`mesh_coords`: ``mesh_rank({"pp": 1, "dp": 0, "tp": 1}, shape) == 5``."""
+    rank = 0
+    for name, extent in shape.items():
+        rank = rank * extent + coords[name]
+    return rank
+
+
+def group_color(rank: int, shape: Mapping[str, int], names: tuple[str, ...]) -> int:
+    """Ranks with equal color differ only along ``names``: the color of the other coordinates.
+
+    Example (pp=2, dp=2, tp=2): ranks 4 and 5 share ``group_color(., shape, ("tp",)) == 2``.
+    """
+    coords = mesh_coords(rank, shape)
+    color = 0
+    for name, extent in shape.items():
+        if name not in names:
+            color = color * extent + coords[name]
+    return color
+
+
+def group_members(rank: int, shape: Mapping[str, int], names: tuple[str, ...]) -> list[int]:
+    """The ranks in ``rank``'s group along ``names``, in rank order.
+
+    Example: ``group_members(5, {"pp": 2, "dp": 2, "tp": 2}, ("dp",)) == [5, 7]``.
+    """
+    color = group_color(rank, shape, names)
+    size = math.prod(shape.values())
+    return [r for r in range(size) if group_color(r, shape, names) == color]
+
+
+class DeviceMesh:
+    """Named mesh dimensions over a communicator's ranks (row-major, last name fastest).
+
+    Building it is collective (every rank must do it): it splits one communicator per name.
+
+    Example:
+        >>> mesh = col.DeviceMesh(comm, {"pp": 2, "dp": 2, "tp": 2})
+        >>> mesh["tp"].all_reduce(partial)       # over the ranks differing only along tp
+        >>> mesh.coord                           # e.g. {'pp': 1, 'dp': 0, 'tp': 1}
+    """
+
+    def __init__(self, comm: Communicator, shape: Mapping[str, int]):
+        shape = dict(shape)
+        if not shape:
+            raise invalid("DeviceMesh", "shape must name at least one dimension, got {}")
+        for name, extent in shape.items():
+            if not isinstance(name, str) or type(extent) is not int or extent < 1:
+                raise invalid("DeviceMesh", f"dimension {name!r} must be a str with a positive "
+                              f"int size, got {extent!r}")
+        if math.prod(shape.values()) != comm.size:
+            raise invalid("DeviceMesh", f"sizes {shape} multiply to {math.prod(shape.values())}, "
+                          f"expected comm.size = {comm.size}")
+        self.comm = comm
+        self.shape = shape
+        self.names = tuple(shape)
+        self.coord = mesh_coords(comm.rank, shape)
+        self._groups: dict[tuple[str, ...], Communicator] = {}
+        for name in self.names:
+            self.group(name)
+
+    def __getitem__(self, name: str) -> Communicator:
+        return self.group(name)
+
+    def group(self, *names: str) -> Communicator:
+        """The communicator spanning ``names`` (collective the first time it is asked for)."""
+        key = tuple(n for n in self.names if n in names)
+        unknown = [n for n in names if n not in self.shape]
+        if unknown or not names:
+            raise invalid("DeviceMesh.group", f"names must be among {self.names}, got {names}")
+        if key not in self._groups:
+            color = group_color(self.comm.rank, self.shape, key)
+            sub = self.comm.split(color, key=self.comm.rank)
+            assert sub is not None
+            self._groups[key] = sub
+        return self._groups[key]
+
+    def close(self) -> None:
+        """Close the sub-communicators (not the parent)."""
+        for sub in self._groups.values():
+            sub.close()
+        self._groups.clear()
+
+    def __repr__(self) -> str:
+        return f"DeviceMesh({self.shape}, coord={self.coord})"

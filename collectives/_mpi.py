@@ -1,0 +1,292 @@
+"""The MPI backend: mpi4py's non-blocking buffer calls on NumPy arrays (never pickling).
+
+Every verb takes the same arguments ``(x, out, name, op, root, record)`` (the
+front end has checked them) and returns a :class:`MpiPending`. CuPy arrays are staged
+through host memory unless the MPI library is CUDA-aware.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ._arrays import is_device_array, is_slot
+from ._ops import ReduceOp
+from ._work import OpRecord, Pending, timeout_error
+
+
+def _mpi_type(name: str):
+    return getattr(MPI, name, MPI.DATATYPE_NULL)
+
+
+_HAS_FLOAT16 = _mpi_type("FLOAT16_T") != MPI.DATATYPE_NULL
+
+#: dtype name -> MPI datatype that moves (and, unless in UPCAST, reduces) it
+MPI_TYPE = {
+    "int8": MPI.INT8_T,
+    "uint8": MPI.UINT8_T,
+    "int32": MPI.INT32_T,
+    "uint32": MPI.UINT32_T,
+    "int64": MPI.INT64_T,
+    "uint64": MPI.UINT64_T,
+    "float16": MPI.FLOAT16_T if _HAS_FLOAT16 else MPI.UINT16_T,
+    "float32": MPI.FLOAT,
+    "float64": MPI.DOUBLE,
+    "bfloat16": MPI.UINT16_T,
+    "complex64": MPI.C_FLOAT_COMPLEX,
+    "complex128": MPI.C_DOUBLE_COMPLEX,
+}
+
+#: dtypes this MPI cannot reduce natively: reduced in float32, then rounded back
+UPCAST = frozenset({"bfloat16"} if _HAS_FLOAT16 else {"bfloat16", "float16"})
+
+#: ReduceOp -> MPI op (AVG is a sum divided afterwards)
+MPI_OP = {
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.PROD: MPI.PROD,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.AVG: MPI.SUM,
+}
+
+_TAG = 7071
+
+
+def mpi_cuda_aware() -> bool:
+    """Whether CuPy arrays may be handed to MPI directly (env ``COLLECTIVES_MPI_CUDA_AWARE``)."""
+    forced = os.environ.get("COLLECTIVES_MPI_CUDA_AWARE")
+    if forced is not None:
+        return forced == "1"
+    try:
+        query = ctypes.CDLL(None).MPIX_Query_cuda_support
+    except (AttributeError, OSError):
+        return False
+    return bool(query())
+
+
+def divide_in_place(out: Any, size: int) -> None:
+    """AVG's division; integers truncate toward zero, as NCCL's ncclAvg does."""
+    if out.dtype.kind in "fc":
+        out /= size
+    else:
+        xp = np if isinstance(out, np.ndarray) else __import__("cupy")
+        out[...] = xp.sign(out) * (xp.abs(out) // size)
+
+
+def bfloat16_to_float32(bits: Any) -> Any:
+    xp = np if isinstance(bits, np.ndarray) else __import__("cupy")
+    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+
+
+def float32_to_bfloat16(values: Any, out: Any) -> None:
+    """Round float32 to bfloat16 bits (round to nearest even), written into uint16 ``out``."""
+    xp = np if isinstance(values, np.ndarray) else __import__("cupy")
+    b = values.view(xp.uint32)
+    out[...] = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(xp.uint16)
+
+
+def _decode(x: Any, name: str) -> Any:
+    return bfloat16_to_float32(x) if name == "bfloat16" else x.astype(np.float32)
+
+
+def _encode(values: Any, out: Any, name: str) -> None:
+    if name == "bfloat16":
+        float32_to_bfloat16(values, out)
+    else:
+        out[...] = values
+
+
+def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    if first is None:
+        return then
+
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
+class MpiPending(Pending):
+    """Non-blocking MPI requests; waiting polls them against the communicator's deadline."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests: list, record: OpRecord | None, finish=None):
+        super().__init__(record, finish)
+        self.requests = requests
+
+    def test(self) -> bool:
+        if not self.done and MPI.Request.Testall(self.requests):
+            self._complete()
+        return self.done
+
+    def synchronize(self, comm: Any) -> None:
+        if self.done:
+            return
+        requests = self.requests
+        test = requests[0].Test if len(requests) == 1 else (lambda: MPI.Request.Testall(requests))
+        # Hot spin first: a small collective completes within microseconds.
+        for _ in range(200):
+            if test():
+                self._complete()
+                return
+        start = self.record.start if self.record is not None else time.monotonic()
+        deadline = start + comm.timeout
+        polls = 0
+        while not test():
+            polls += 1
+            if polls & 63 == 0:
+                now = time.monotonic()
+                if now > deadline:
+                    comm._die(timeout_error(comm, self.record, now - start))
+                if now - start > 1.0:  # long waits stop burning a core
+                    time.sleep(1e-3)
+                else:
+                    os.sched_yield()
+        self._complete()
+
+
+class MpiBackend:
+    """Collectives over one mpi4py communicator."""
+
+    name = "mpi"
+
+    def __init__(self, mpi_comm: MPI.Comm, cuda_aware: bool | None = None):
+        self.comm = mpi_comm
+        self.size = mpi_comm.Get_size()
+        self.rank = mpi_comm.Get_rank()
+        self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
+
+    # Each verb: (x, out, name, op, root, record) -> MpiPending.
+
+    def all_reduce(self, x, out, name, op, root, record):
+        if name in UPCAST:
+            return self._via_float32(self.all_reduce, x, out, name, op, root, record)
+        t = MPI_TYPE[name]
+        if out is x:
+            request = self.comm.Iallreduce(MPI.IN_PLACE, [x, t], MPI_OP[op])
+        else:
+            request = self.comm.Iallreduce([x, t], [out, t], MPI_OP[op])
+        return MpiPending([request], record, self._avg(op, out))
+
+    def reduce(self, x, out, name, op, root, record):
+        if name in UPCAST:
+            return self._via_float32(self.reduce, x, out, name, op, root, record)
+        t = MPI_TYPE[name]
+        if self.rank != root:
+            request = self.comm.Ireduce([x, t], None, MPI_OP[op], root)
+            return MpiPending([request], record)
+        send = MPI.IN_PLACE if out is x else [x, t]
+        request = self.comm.Ireduce(send, [out, t], MPI_OP[op], root)
+        return MpiPending([request], record, self._avg(op, out))
+
+    def broadcast(self, x, out, name, op, root, record):
+        return MpiPending([self.comm.Ibcast([x, MPI_TYPE[name]], root)], record)
+
+    def all_gather(self, x, out, name, op, root, record):
+        t = MPI_TYPE[name]
+        send = MPI.IN_PLACE if is_slot(x, out, self.rank) else [x, t]
+        return MpiPending([self.comm.Iallgather(send, [out, t])], record)
+
+    def reduce_scatter(self, x, out, name, op, root, record):
+        if name in UPCAST:
+            return self._via_float32(self.reduce_scatter, x, out, name, op, root, record)
+        if is_slot(out, x, self.rank):
+            # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
+            result = np.empty_like(out)
+            pending = self.reduce_scatter(x, result, name, op, root, record)
+            pending.finish = _chain(pending.finish, lambda: np.copyto(out, result))
+            return pending
+        t = MPI_TYPE[name]
+        request = self.comm.Ireduce_scatter_block([x, t], [out, t], MPI_OP[op])
+        return MpiPending([request], record, self._avg(op, out))
+
+    def all_to_all(self, x, out, name, op, root, record):
+        t = MPI_TYPE[name]
+        send = MPI.IN_PLACE if out is x else [x, t]
+        return MpiPending([self.comm.Ialltoall(send, [out, t])], record)
+
+    def gather(self, x, out, name, op, root, record):
+        t = MPI_TYPE[name]
+        if self.rank != root:
+            return MpiPending([self.comm.Igather([x, t], None, root)], record)
+        send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
+        return MpiPending([self.comm.Igather(send, [out, t], root)], record)
+
+    def scatter(self, x, out, name, op, root, record):
+        t = MPI_TYPE[name]
+        if self.rank != root:
+            return MpiPending([self.comm.Iscatter(None, [out, t], root)], record)
+        if is_slot(out, x, root):
+            return MpiPending([self.comm.Iscatter([x, t], MPI.IN_PLACE, root)], record)
+        return MpiPending([self.comm.Iscatter([x, t], [out, t], root)], record)
+
+    def send(self, x, out, name, op, root, record):
+        return MpiPending([self.comm.Isend([x, MPI_TYPE[name]], root, _TAG)], record)
+
+    def recv(self, x, out, name, op, root, record):
+        return MpiPending([self.comm.Irecv([out, MPI_TYPE[name]], root, _TAG)], record)
+
+    def barrier(self, x, out, name, op, root, record):
+        return MpiPending([self.comm.Ibarrier()], record)
+
+    # Helpers shared by the verbs.
+
+    def _avg(self, op: ReduceOp, out: Any):
+        if op is not ReduceOp.AVG:
+            return None
+        size = self.size
+        return lambda: divide_in_place(out, size)
+
+    def _via_float32(self, verb, x, out, name, op, root, record):
+        wide_x = _decode(x, name)
+        wide_out = None if out is None else (wide_x if out is x else np.empty(out.shape, np.float32))
+        pending = verb(wide_x, wide_out, "float32", op, root, record)
+        if out is not None:
+            pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
+        return pending
+
+    def staged(self, verb, x, out, name, op, root, record):
+        """Run ``verb`` on host copies of CuPy arrays, copying ``out`` back when done."""
+        import cupy
+
+        if self.cuda_aware:
+            cupy.cuda.get_current_stream().synchronize()
+            return verb(x, out, name, op, root, record)
+        host_x = None if x is None else cupy.asnumpy(x)
+        if out is None:
+            host_out = None
+        elif out is x:
+            host_out = host_x
+        else:
+            host_out = np.empty(out.shape, out.dtype)
+        pending = verb(host_x, host_out, name, op, root, record)
+        if out is not None:
+            pending.finish = _chain(pending.finish, lambda: out.set(host_out))
+        return pending
+
+    def needs_staging(self, x: Any, out: Any) -> bool:
+        return is_device_array(x) or is_device_array(out)
+
+    def group_start(self) -> None:
+        pass
+
+    def group_end(self, pendings: list) -> None:
+        pass
+
+    def split(self, child: MPI.Comm, color: int | None, key: int) -> tuple[Any, dict]:
+        if child == MPI.COMM_NULL:
+            return None, {}
+        return MpiBackend(child, self.cuda_aware), {}
+
+    def close(self) -> None:
+        pass  # the Communicator frees the MPI communicator it shares with this backend
+
+    def abort(self) -> None:
+        pass  # pending requests are abandoned; MPI defers the free until they end

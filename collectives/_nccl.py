@@ -1,0 +1,380 @@
+"""The NCCL backend: ``cupy.cuda.nccl`` on the communicator's own stream.
+
+Stream semantics: each call is ordered after the caller's current stream, runs on
+``self.stream``, and (synchronous calls) leaves the caller's current stream waiting on its
+completion event; the host is not blocked. Arrays of calls in flight stay referenced until
+their event completes, so CuPy's memory pool cannot hand them out early. A watchdog thread
+polls those events and ``check_async_error``; past the timeout it aborts the communicator,
+and the next call or wait raises :class:`CollectiveTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
+from ._errors import BackendUnavailableError, CollectivesError, invalid
+from ._ops import ReduceOp
+from ._work import OpRecord, Pending, timeout_error
+
+WATCHDOG_PERIOD_S = 0.1
+
+
+def nccl_unavailable_reason() -> str | None:
+    """None when CuPy sees a GPU and NCCL loads; otherwise why not."""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except Exception as e:  # ImportError, or a CUDA library that fails to load
+        return f"CuPy with NCCL is not importable ({e})"
+    if not getattr(nccl, "available", True):
+        return "CuPy was built or installed without NCCL (pip install nvidia-nccl-cu12 or -cu13)"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device is visible"
+    except Exception as e:
+        return f"no usable CUDA device ({e})"
+    return None
+
+
+class NcclPending(Pending):
+    __slots__ = ("event", "blocking", "backend")
+
+    def __init__(self, record: OpRecord | None, backend: NcclBackend, blocking: bool = False):
+        super().__init__(record)
+        self.event: Any = None
+        self.blocking = blocking
+        self.backend = backend
+
+    def test(self) -> bool:
+        if not self.done and self.event is not None and self.event.done:
+            self._complete()
+        return self.done
+
+    def wait(self, comm: Any) -> None:
+        if self.blocking:
+            self.synchronize(comm)
+            return
+        self.backend.raise_if_failed(comm)
+        import cupy
+
+        cupy.cuda.get_current_stream().wait_event(self.event)
+
+    def synchronize(self, comm: Any) -> None:
+        start = self.record.start if self.record is not None else time.monotonic()
+        while not self.test():
+            self.backend.raise_if_failed(comm)
+            now = time.monotonic()
+            if now - start > comm.timeout:
+                self.backend.fail(timeout_error(comm, self.record, now - start))
+                self.backend.raise_if_failed(comm)
+            time.sleep(1e-5 if now - start < 0.01 else 1e-3)
+        self.backend.raise_if_failed(comm)
+
+
+class NcclBackend:
+    """Collectives over one ``cupy.cuda.nccl.NcclCommunicator``."""
+
+    name = "nccl"
+
+    def __init__(self, nccl_comm: Any, rank: int, size: int, device: int, timeout: float,
+                 owner: Any = None):
+        import cupy
+        from cupy.cuda import nccl
+
+        self.cupy = cupy
+        self.nccl = nccl
+        self.comm = nccl_comm
+        self.rank = rank
+        self.size = size
+        self.device = device
+        self.timeout = timeout
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.has_avg = nccl.get_version() >= 21000
+        self._in_flight: list[tuple[Any, OpRecord | None, tuple]] = []
+        self._lock = threading.Lock()
+        self._error: CollectivesError | None = None
+        self._grouped: list[NcclPending] | None = None
+        self._front: Any = None
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="collectives-nccl-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
+
+    # ---------------------------------------------------------------- failure handling
+
+    def fail(self, error: CollectivesError) -> None:
+        """Abort the NCCL communicator once, remembering why."""
+        with self._lock:
+            if self._error is not None:
+                return
+            self._error = error
+            self._in_flight.clear()
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.abort()
+
+    def raise_if_failed(self, front: Any) -> None:
+        if self._error is not None:
+            front._die(self._error)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCHDOG_PERIOD_S):
+            if self._error is not None:
+                return
+            now = time.monotonic()
+            with self._lock:
+                self._in_flight = [e for e in self._in_flight if not e[0].done]
+                oldest = self._in_flight[0] if self._in_flight else None
+            if oldest is not None and oldest[1] is not None:
+                waited = now - oldest[1].start
+                if waited > self.timeout:
+                    self.fail(timeout_error(self._front, oldest[1], waited))
+                    return
+            try:
+                if self.comm is not None:
+                    self.comm.check_async_error()
+            except Exception as e:
+                self.fail(CollectivesError(f"NCCL reported an asynchronous error: {e}"))
+                return
+
+    # ---------------------------------------------------------------- issuing
+
+    def check_arrays(self, call: str, x: Any, out: Any) -> None:
+        for arg, a in (("x", x), ("out", out)):
+            if a is None:
+                continue
+            if not isinstance(a, self.cupy.ndarray):
+                raise invalid(call, f"{arg} must be a CuPy array on device {self.device} for the "
+                              f"nccl backend, got {type(a).__module__}.{type(a).__name__}")
+            if a.device.id != self.device:
+                raise invalid(call, f"{arg} is on device {a.device.id}, expected device "
+                              f"{self.device} (the communicator's)")
+
+    def _launch(self, record, arrays, issue, blocking=False) -> NcclPending:
+        """Order after the caller's stream, issue the NCCL calls, record completion."""
+        if self._error is not None:
+            self._front._die(self._error)
+        pending = NcclPending(record, self, blocking)
+        grouped = self._grouped
+        if grouped is None or not grouped:
+            caller = self.cupy.cuda.get_current_stream()
+            if caller.ptr != self.stream.ptr:
+                self.stream.wait_event(caller.record())
+        with self.cupy.cuda.Device(self.device):
+            issue(self.stream.ptr)
+        if grouped is not None:
+            grouped.append(pending)
+            pending.backend = self
+            self._keep(pending, record, arrays)
+            return pending
+        pending.event = self.stream.record()
+        self._keep(pending, record, arrays)
+        return pending
+
+    def _keep(self, pending, record, arrays) -> None:
+        with self._lock:
+            self._in_flight.append((_EventRef(pending), record, arrays))
+
+    @staticmethod
+    def _count(a: Any, name: str) -> tuple[int, int]:
+        return (a.size * 2 if name in COMPLEX else a.size), NCCL_TYPE[name]
+
+    def _op(self, op: ReduceOp) -> int:
+        return NCCL_OP[ReduceOp.SUM if op is ReduceOp.AVG and not self.has_avg else op]
+
+    def _avg_fallback(self, op: ReduceOp, out: Any) -> None:
+        if op is ReduceOp.AVG and not self.has_avg:
+            from ._mpi import divide_in_place
+
+            with self.stream:
+                divide_in_place(out, self.size)
+
+    # Each verb: (x, out, name, op, root, record) -> NcclPending.
+
+    def all_reduce(self, x, out, name, op, root, record):
+        count, dtype = self._count(x, name)
+        code = self._op(op)
+        pending = self._launch(record, (x, out), lambda s: self.comm.allReduce(
+            x.data.ptr, out.data.ptr, count, dtype, code, s))
+        self._avg_fallback(op, out)
+        return pending
+
+    def reduce(self, x, out, name, op, root, record):
+        count, dtype = self._count(x, name)
+        code = self._op(op)
+        target = x if out is None else out
+        pending = self._launch(record, (x, target), lambda s: self.comm.reduce(
+            x.data.ptr, target.data.ptr, count, dtype, code, root, s))
+        if out is not None:
+            self._avg_fallback(op, out)
+        return pending
+
+    def broadcast(self, x, out, name, op, root, record):
+        count, dtype = self._count(x, name)
+        return self._launch(record, (x,), lambda s: self.comm.broadcast(
+            x.data.ptr, x.data.ptr, count, dtype, root, s))
+
+    def all_gather(self, x, out, name, op, root, record):
+        count, dtype = self._count(x, name)
+        return self._launch(record, (x, out), lambda s: self.comm.allGather(
+            x.data.ptr, out.data.ptr, count, dtype, s))
+
+    def reduce_scatter(self, x, out, name, op, root, record):
+        count, dtype = self._count(out, name)
+        code = self._op(op)
+        pending = self._launch(record, (x, out), lambda s: self.comm.reduceScatter(
+            x.data.ptr, out.data.ptr, count, dtype, code, s))
+        self._avg_fallback(op, out)
+        return pending
+
+    def all_to_all(self, x, out, name, op, root, record):
+        target = self.cupy.empty_like(out) if out is x else out
+        count, dtype = self._count(x[0], name) if x.shape[0] else (0, NCCL_TYPE[name])
+
+        def issue(s):
+            self._grouped_p2p(s, [(x[j], j) for j in range(self.size)],
+                              [(target[j], j) for j in range(self.size)], count, dtype)
+
+        pending = self._launch(record, (x, out, target), issue)
+        if target is not out:
+            with self.stream:
+                out[...] = target
+        return pending
+
+    def gather(self, x, out, name, op, root, record):
+        count, dtype = self._count(x, name)
+        receives = [(out[j], j) for j in range(self.size)] if out is not None else []
+        return self._launch(record, (x, out), lambda s: self._grouped_p2p(
+            s, [(x, root)], receives, count, dtype))
+
+    def scatter(self, x, out, name, op, root, record):
+        count, dtype = self._count(out, name)
+        sends = [(x[j], j) for j in range(self.size)] if x is not None else []
+        return self._launch(record, (x, out), lambda s: self._grouped_p2p(
+            s, sends, [(out, root)], count, dtype))
+
+    def send(self, x, out, name, op, root, record):
+        count, dtype = self._count(x, name)
+        return self._launch(record, (x,), lambda s: self.comm.send(x.data.ptr, count, dtype, root, s))
+
+    def recv(self, x, out, name, op, root, record):
+        count, dtype = self._count(out, name)
+        return self._launch(record, (out,), lambda s: self.comm.recv(
+            out.data.ptr, count, dtype, root, s))
+
+    def barrier(self, x, out, name, op, root, record):
+        with self.cupy.cuda.Device(self.device):
+            token = self.cupy.zeros(1, self.cupy.int32)
+        return self._launch(record, (token,), lambda s: self.comm.allReduce(
+            token.data.ptr, token.data.ptr, 1, NCCL_TYPE["int32"], NCCL_OP[ReduceOp.SUM], s),
+            blocking=True)
+
+    def _grouped_p2p(self, stream, sends, receives, count, dtype) -> None:
+        self.nccl.groupStart()
+        try:
+            for buf, peer in sends:
+                self.comm.send(buf.data.ptr, count, dtype, peer, stream)
+            for buf, peer in receives:
+                self.comm.recv(buf.data.ptr, count, dtype, peer, stream)
+        finally:
+            self.nccl.groupEnd()
+
+    # ---------------------------------------------------------------- groups and lifetime
+
+    def needs_staging(self, x: Any, out: Any) -> bool:
+        return False
+
+    def group_start(self) -> None:
+        self._grouped = []
+        self.nccl.groupStart()
+
+    def group_end(self, pendings: list) -> None:
+        grouped, self._grouped = self._grouped or [], None
+        self.nccl.groupEnd()
+        event = self.stream.record()
+        for pending in grouped:
+            pending.event = event
+
+    def split(self, child_mpi: Any, color: int | None, key: int) -> tuple[Any, dict]:
+        split = getattr(self.comm, "commSplit", None)
+        if split is not None:
+            child = split(-1 if color is None else color, key)
+        elif child_mpi is not None and child_mpi != _comm_null():
+            child = bootstrap_nccl(child_mpi, self.device)
+        else:
+            child = None
+        if child is None:
+            return None, {}
+        size, rank = child_mpi.Get_size(), child_mpi.Get_rank()
+        impl = NcclBackend(child, rank, size, self.device, self.timeout)
+        return impl, {"device": self.device, "stream": impl.stream}
+
+    def close(self) -> None:
+        self._stop.set()
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            self.stream.synchronize()
+            comm.destroy()
+
+    def abort(self) -> None:
+        self._stop.set()
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.abort()
+
+    def attach(self, front: Any) -> None:
+        """Give the watchdog the front end, for the messages it writes."""
+        self._front = front
+
+
+class _EventRef:
+    """An in-flight entry's completion: done once its pending has an event that completed."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, pending: NcclPending):
+        self.pending = pending
+
+    @property
+    def done(self) -> bool:
+        event = self.pending.event
+        return event is not None and event.done
+
+
+def _comm_null():
+    from mpi4py import MPI
+
+    return MPI.COMM_NULL
+
+
+def bootstrap_nccl(mpi_comm: Any, device: int) -> Any:
+    """Create an NcclCommunicator over ``mpi_comm``'s ranks: rank 0 makes the unique id
+    (bytes on CuPy 14, a tuple on CuPy 13), MPI broadcasts it, every rank joins."""
+    import cupy
+    from cupy.cuda import nccl
+
+    uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
+    uid = mpi_comm.bcast(uid, root=0)
+    with cupy.cuda.Device(device):
+        return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+
+
+def make_nccl_backend(mpi_comm: Any, device: int | None, local_rank: int, timeout: float):
+    """The backend and the Communicator's extra fields for a fresh NCCL communicator."""
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    device = local_rank % count if device is None else device
+    if not 0 <= device < count:
+        raise invalid("init", f"device must be in [0, {count}), got {device}")
+    cupy.cuda.Device(device).use()
+    try:
+        nccl_comm = bootstrap_nccl(mpi_comm, device)
+    except Exception as e:
+        raise BackendUnavailableError(f"init: NCCL communicator creation failed: {e}") from e
+    impl = NcclBackend(nccl_comm, mpi_comm.Get_rank(), mpi_comm.Get_size(), device, timeout)
+    return impl, {"device": device, "stream": impl.stream}

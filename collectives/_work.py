@@ -1,0 +1,125 @@
+"""Handles for operations in flight: what a backend returns and what ``async_op`` users hold."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ._errors import CollectiveTimeoutError
+
+
+class OpRecord:
+    """What the flight recorder and every error know about one call."""
+
+    __slots__ = ("seq", "call", "nbytes", "dtype", "shape", "start", "end", "state")
+
+    def __init__(self, seq: int, call: str, nbytes: int, dtype: str | None, shape: tuple | None):
+        self.seq = seq
+        self.call = call
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.shape = shape
+        self.start = time.monotonic()
+        self.end = 0.0
+        self.state = "started"
+
+    @property
+    def detail(self) -> str:
+        return "no data" if self.shape is None else f"shape {self.shape}, {self.dtype}"
+
+    def describe(self) -> str:
+        return f"{self.call} #{self.seq} ({self.detail})"
+
+    def as_dict(self) -> dict:
+        return {
+            "seq": self.seq,
+            "call": self.call,
+            "nbytes": self.nbytes,
+            "detail": self.detail,
+            "state": self.state,
+            "start": self.start,
+            "duration_s": (self.end or time.monotonic()) - self.start,
+        }
+
+
+class Pending:
+    """One backend operation in flight. Backends subclass it.
+
+    ``test()`` polls, ``wait()`` orders the caller after the result (MPI: blocks),
+    ``synchronize()`` blocks the host. ``finish`` runs once, after completion (host-side
+    post-processing such as the division of AVG on MPI or the copy back of staged arrays).
+    """
+
+    __slots__ = ("record", "finish", "done")
+
+    def __init__(self, record: OpRecord | None, finish: Callable[[], None] | None = None):
+        self.record = record
+        self.finish = finish
+        self.done = False
+
+    def test(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self, comm: Any) -> None:
+        self.synchronize(comm)
+
+    def synchronize(self, comm: Any) -> None:
+        raise NotImplementedError
+
+    def _complete(self) -> None:
+        self.done = True
+        if self.finish is not None:
+            finish, self.finish = self.finish, None
+            finish()
+        if self.record is not None:
+            self.record.state = "completed"
+            self.record.end = time.monotonic()
+
+
+def timeout_error(comm: Any, record: OpRecord | None, waited: float) -> CollectiveTimeoutError:
+    what = record.describe() if record is not None else "operation"
+    ranks = comm.mpi_comm_world_ranks()
+    return CollectiveTimeoutError(
+        f"{what} on rank {comm.rank} did not complete after {waited:.1f} s "
+        f"(timeout {comm.timeout:g} s); communicator of world ranks {ranks} "
+        f"is aborted. {comm.progress_report()}"
+    )
+
+
+class Work:
+    """The result of a call made with ``async_op=True``.
+
+    Example:
+        >>> work = comm.all_reduce(grad, async_op=True)
+        >>> ...                       # overlap other work
+        >>> work.wait()               # grad now holds the sum
+    """
+
+    __slots__ = ("_comm", "_pending", "_result")
+
+    def __init__(self, comm: Any, pending: Pending | None, result: Any):
+        self._comm = comm
+        self._pending = pending
+        self._result = result
+
+    def wait(self) -> Any:
+        """Order the caller after the result (NCCL: the current stream; MPI: block). Returns it."""
+        if self._pending is not None and not self._pending.done:
+            self._comm._wait(self._pending)
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished (never blocks)."""
+        p = self._pending
+        return p is None or p.done or p.test()
+
+    def synchronize(self) -> Any:
+        """Block the host until the operation has finished (the timeout applies). Returns it."""
+        if self._pending is not None and not self._pending.done:
+            self._comm._synchronize(self._pending)
+        return self._result
+
+    @property
+    def result(self) -> Any:
+        """The output array (valid once waited)."""
+        return self._result
