@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._dtypes import dtype_name
+from ._dtypes import NAME_OF, dtype_name
 from ._errors import invalid
 
 
@@ -84,6 +84,14 @@ def to_array(obj: Any, call: str, arg: str) -> Any:
 
 def unwrap(x: Any, call: str, arg: str = "x") -> tuple[Any, str]:
     """(storage array, dtype name) for an accepted array, after the local checks."""
+    if type(x) is np.ndarray:  # the hot path: one lookup, one flag
+        name = NAME_OF.get(x.dtype)
+        if name is not None and x.flags.c_contiguous:
+            return x, name
+    return _unwrap(x, call, arg)
+
+
+def _unwrap(x: Any, call: str, arg: str) -> tuple[Any, str]:
     if isinstance(x, BFloat16Array):
         array, name = x.array, "bfloat16"
     else:

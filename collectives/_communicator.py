@@ -11,15 +11,17 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import numpy as np
 from mpi4py import MPI
 
 from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
-from ._dtypes import check_op_for_dtype
+from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, invalid
-from ._ops import ReduceOp, parse_op
-from ._work import OpRecord, Work
+from ._ops import BY_NAME, ReduceOp, parse_op
+from ._work import Work
 
 RECORDER_LENGTH = 64
+_HOST = frozenset({np.ndarray, type(None)})
 
 
 class Communicator:
@@ -55,7 +57,7 @@ class Communicator:
         self.device: int | None = device
         self.stream = stream
         self.timeout = float(timeout)
-        self.recorder: collections.deque[OpRecord] = collections.deque(maxlen=RECORDER_LENGTH)
+        self.recorder: collections.deque = collections.deque(maxlen=RECORDER_LENGTH)
         self._seq = 0
         self._group: list | None = None
         self._unusable: CollectivesError | None = None
@@ -87,7 +89,8 @@ class Communicator:
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
         x, name = unwrap(x, "all_reduce")
-        op = self._op("all_reduce", op, name)
+        rop = BY_NAME.get(op) if type(op) is str else None
+        op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
         out = x if out is None else self._out("all_reduce", out, x, name, x.shape)
         return self._run("all_reduce", self._impl.all_reduce, x, out, name, op, None, async_op, out)
 
@@ -297,24 +300,26 @@ class Communicator:
         try:
             self._seq = seq = self._seq + 1
             array = x if x is not None else out
-            if array is None:
-                record = OpRecord(seq, call, 0, None, None)
-            else:
-                record = OpRecord(seq, call, array.nbytes, name, array.shape)
-            self.recorder.append(record)
             if self._checker is not None:
-                self._checker.verify(record, op, root)
-            if self._stages_device_arrays and self._impl.needs_staging(x, out):
-                pending = self._impl.staged(verb, x, out, name, op, root, record)
+                self._checker.verify(seq, call, array, name, op, root)
+            if self._stages_device_arrays and (type(x) not in _HOST or type(out) not in _HOST) \
+                    and self._impl.needs_staging(x, out):
+                pending = self._impl.staged(verb, x, out, name, op, root)
             else:
-                pending = verb(x, out, name, op, root, record)
+                pending = verb(x, out, name, op, root)
+            pending.seq = seq
+            pending.call = call
+            if array is not None:
+                pending.shape = array.shape
+                pending.dtype = name
+                pending.nbytes = array.nbytes
+            self.recorder.append(pending)
             if self._group is not None:
                 self._group.append(pending)
             elif not async_op:
-                self._wait(pending)
+                pending.wait(self)
                 return result
-            work = Work(self, pending, result)
-            return work if async_op else result
+            return Work(self, pending, result) if async_op else result
         finally:
             self._lock.release()
 

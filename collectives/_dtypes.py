@@ -45,18 +45,18 @@ NCCL_TYPE = {
     "complex128": 8,
 }
 
-#: ReduceOp -> NCCL ncclRedOp_t
-NCCL_OP = {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.AVG: 4}
+#: ReduceOp -> NCCL ncclRedOp_t (the enum's values are NCCL's codes)
+NCCL_OP = {op: int(op) for op in ReduceOp}
 
 COMPLEX = frozenset({"complex64", "complex128"})
 FLOATING = frozenset({"float16", "float32", "float64", "bfloat16"}) | COMPLEX
 
-_NAME_OF = {dt: name for name, dt in STORAGE.items() if name != "bfloat16"}
+NAME_OF = {dt: name for name, dt in STORAGE.items() if name != "bfloat16"}
 
 
 def dtype_name(dtype: np.dtype, call: str, arg: str = "x") -> str:
     """The table name of a NumPy/CuPy dtype, or a clear error for unsupported ones."""
-    name = _NAME_OF.get(dtype)
+    name = NAME_OF.get(dtype)
     if name is not None:
         return name
     if dtype.name == "bfloat16":  # ml_dtypes' NumPy bfloat16
@@ -71,4 +71,4 @@ def dtype_name(dtype: np.dtype, call: str, arg: str = "x") -> str:
 def check_op_for_dtype(op: ReduceOp, name: str, call: str) -> None:
     """Complex data only supports sum and avg (NCCL reduces it as pairs of reals)."""
     if name in COMPLEX and op not in (ReduceOp.SUM, ReduceOp.AVG):
-        raise invalid(call, f"op {op.value} is not defined for {name}, expected sum or avg")
+        raise invalid(call, f"op {op} is not defined for {name}, expected sum or avg")

@@ -1,6 +1,6 @@
 """The MPI backend: mpi4py's non-blocking buffer calls on NumPy arrays (never pickling).
 
-Every verb takes the same arguments ``(x, out, name, op, root, record)`` (the
+Every verb takes the same arguments ``(x, out, name, op, root)`` (the
 front end has checked them) and returns a :class:`MpiPending`. CuPy arrays are staged
 through host memory unless the MPI library is CUDA-aware.
 """
@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from ._arrays import is_device_array, is_slot
 from ._ops import ReduceOp
-from ._work import OpRecord, Pending, timeout_error
+from ._work import Pending, timeout_error
 
 
 def _mpi_type(name: str):
@@ -117,9 +117,17 @@ class MpiPending(Pending):
 
     __slots__ = ("requests",)
 
-    def __init__(self, requests: list, record: OpRecord | None, finish=None):
-        super().__init__(record, finish)
+    def __init__(self, requests: list, finish=None):
         self.requests = requests
+        self.finish = finish
+        self.done = False
+        self.state = "started"
+        self.start = time.monotonic()
+        self.end = 0.0
+        self.seq = 0
+        self.shape = None
+        self.nbytes = 0
+        self.dtype = None
 
     def test(self) -> bool:
         if not self.done and MPI.Request.Testall(self.requests):
@@ -136,7 +144,7 @@ class MpiPending(Pending):
             if test():
                 self._complete()
                 return
-        start = self.record.start if self.record is not None else time.monotonic()
+        start = self.start
         deadline = start + comm.timeout
         polls = 0
         while not test():
@@ -144,7 +152,7 @@ class MpiPending(Pending):
             if polls & 63 == 0:
                 now = time.monotonic()
                 if now > deadline:
-                    comm._die(timeout_error(comm, self.record, now - start))
+                    comm._die(timeout_error(comm, self, now - start))
                 if now - start > 1.0:  # long waits stop burning a core
                     time.sleep(1e-3)
                 else:
@@ -163,78 +171,78 @@ class MpiBackend:
         self.rank = mpi_comm.Get_rank()
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
 
-    # Each verb: (x, out, name, op, root, record) -> MpiPending.
+    # Each verb: (x, out, name, op, root) -> MpiPending.
 
-    def all_reduce(self, x, out, name, op, root, record):
+    def all_reduce(self, x, out, name, op, root):
         if name in UPCAST:
-            return self._via_float32(self.all_reduce, x, out, name, op, root, record)
+            return self._via_float32(self.all_reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
         if out is x:
             request = self.comm.Iallreduce(MPI.IN_PLACE, [x, t], MPI_OP[op])
         else:
             request = self.comm.Iallreduce([x, t], [out, t], MPI_OP[op])
-        return MpiPending([request], record, self._avg(op, out))
+        return MpiPending([request], None if op != 4 else self._avg(op, out))  # 4: AVG
 
-    def reduce(self, x, out, name, op, root, record):
+    def reduce(self, x, out, name, op, root):
         if name in UPCAST:
-            return self._via_float32(self.reduce, x, out, name, op, root, record)
+            return self._via_float32(self.reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
         if self.rank != root:
             request = self.comm.Ireduce([x, t], None, MPI_OP[op], root)
-            return MpiPending([request], record)
+            return MpiPending([request])
         send = MPI.IN_PLACE if out is x else [x, t]
         request = self.comm.Ireduce(send, [out, t], MPI_OP[op], root)
-        return MpiPending([request], record, self._avg(op, out))
+        return MpiPending([request], self._avg(op, out))
 
-    def broadcast(self, x, out, name, op, root, record):
-        return MpiPending([self.comm.Ibcast([x, MPI_TYPE[name]], root)], record)
+    def broadcast(self, x, out, name, op, root):
+        return MpiPending([self.comm.Ibcast([x, MPI_TYPE[name]], root)])
 
-    def all_gather(self, x, out, name, op, root, record):
+    def all_gather(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if is_slot(x, out, self.rank) else [x, t]
-        return MpiPending([self.comm.Iallgather(send, [out, t])], record)
+        return MpiPending([self.comm.Iallgather(send, [out, t])])
 
-    def reduce_scatter(self, x, out, name, op, root, record):
+    def reduce_scatter(self, x, out, name, op, root):
         if name in UPCAST:
-            return self._via_float32(self.reduce_scatter, x, out, name, op, root, record)
+            return self._via_float32(self.reduce_scatter, x, out, name, op, root)
         if is_slot(out, x, self.rank):
             # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
             result = np.empty_like(out)
-            pending = self.reduce_scatter(x, result, name, op, root, record)
+            pending = self.reduce_scatter(x, result, name, op, root)
             pending.finish = _chain(pending.finish, lambda: np.copyto(out, result))
             return pending
         t = MPI_TYPE[name]
         request = self.comm.Ireduce_scatter_block([x, t], [out, t], MPI_OP[op])
-        return MpiPending([request], record, self._avg(op, out))
+        return MpiPending([request], self._avg(op, out))
 
-    def all_to_all(self, x, out, name, op, root, record):
+    def all_to_all(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        return MpiPending([self.comm.Ialltoall(send, [out, t])], record)
+        return MpiPending([self.comm.Ialltoall(send, [out, t])])
 
-    def gather(self, x, out, name, op, root, record):
+    def gather(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         if self.rank != root:
-            return MpiPending([self.comm.Igather([x, t], None, root)], record)
+            return MpiPending([self.comm.Igather([x, t], None, root)])
         send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
-        return MpiPending([self.comm.Igather(send, [out, t], root)], record)
+        return MpiPending([self.comm.Igather(send, [out, t], root)])
 
-    def scatter(self, x, out, name, op, root, record):
+    def scatter(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         if self.rank != root:
-            return MpiPending([self.comm.Iscatter(None, [out, t], root)], record)
+            return MpiPending([self.comm.Iscatter(None, [out, t], root)])
         if is_slot(out, x, root):
-            return MpiPending([self.comm.Iscatter([x, t], MPI.IN_PLACE, root)], record)
-        return MpiPending([self.comm.Iscatter([x, t], [out, t], root)], record)
+            return MpiPending([self.comm.Iscatter([x, t], MPI.IN_PLACE, root)])
+        return MpiPending([self.comm.Iscatter([x, t], [out, t], root)])
 
-    def send(self, x, out, name, op, root, record):
-        return MpiPending([self.comm.Isend([x, MPI_TYPE[name]], root, _TAG)], record)
+    def send(self, x, out, name, op, root):
+        return MpiPending([self.comm.Isend([x, MPI_TYPE[name]], root, _TAG)])
 
-    def recv(self, x, out, name, op, root, record):
-        return MpiPending([self.comm.Irecv([out, MPI_TYPE[name]], root, _TAG)], record)
+    def recv(self, x, out, name, op, root):
+        return MpiPending([self.comm.Irecv([out, MPI_TYPE[name]], root, _TAG)])
 
-    def barrier(self, x, out, name, op, root, record):
-        return MpiPending([self.comm.Ibarrier()], record)
+    def barrier(self, x, out, name, op, root):
+        return MpiPending([self.comm.Ibarrier()])
 
     # Helpers shared by the verbs.
 
@@ -244,21 +252,21 @@ class MpiBackend:
         size = self.size
         return lambda: divide_in_place(out, size)
 
-    def _via_float32(self, verb, x, out, name, op, root, record):
+    def _via_float32(self, verb, x, out, name, op, root):
         wide_x = _decode(x, name)
         wide_out = None if out is None else (wide_x if out is x else np.empty(out.shape, np.float32))
-        pending = verb(wide_x, wide_out, "float32", op, root, record)
+        pending = verb(wide_x, wide_out, "float32", op, root)
         if out is not None:
             pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
         return pending
 
-    def staged(self, verb, x, out, name, op, root, record):
+    def staged(self, verb, x, out, name, op, root):
         """Run ``verb`` on host copies of CuPy arrays, copying ``out`` back when done."""
         import cupy
 
         if self.cuda_aware:
             cupy.cuda.get_current_stream().synchronize()
-            return verb(x, out, name, op, root, record)
+            return verb(x, out, name, op, root)
         host_x = None if x is None else cupy.asnumpy(x)
         if out is None:
             host_out = None
@@ -266,7 +274,7 @@ class MpiBackend:
             host_out = host_x
         else:
             host_out = np.empty(out.shape, out.dtype)
-        pending = verb(host_x, host_out, name, op, root, record)
+        pending = verb(host_x, host_out, name, op, root)
         if out is not None:
             pending.finish = _chain(pending.finish, lambda: out.set(host_out))
         return pending

@@ -17,7 +17,7 @@ from typing import Any
 from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
 from ._errors import BackendUnavailableError, CollectivesError, invalid
 from ._ops import ReduceOp
-from ._work import OpRecord, Pending, timeout_error
+from ._work import Pending, timeout_error
 
 WATCHDOG_PERIOD_S = 0.1
 
@@ -42,8 +42,8 @@ def nccl_unavailable_reason() -> str | None:
 class NcclPending(Pending):
     __slots__ = ("event", "blocking", "backend")
 
-    def __init__(self, record: OpRecord | None, backend: NcclBackend, blocking: bool = False):
-        super().__init__(record)
+    def __init__(self, backend: NcclBackend, blocking: bool = False):
+        super().__init__()
         self.event: Any = None
         self.blocking = blocking
         self.backend = backend
@@ -63,12 +63,12 @@ class NcclPending(Pending):
         cupy.cuda.get_current_stream().wait_event(self.event)
 
     def synchronize(self, comm: Any) -> None:
-        start = self.record.start if self.record is not None else time.monotonic()
+        start = self.start
         while not self.test():
             self.backend.raise_if_failed(comm)
             now = time.monotonic()
             if now - start > comm.timeout:
-                self.backend.fail(timeout_error(comm, self.record, now - start))
+                self.backend.fail(timeout_error(comm, self, now - start))
                 self.backend.raise_if_failed(comm)
             time.sleep(1e-5 if now - start < 0.01 else 1e-3)
         self.backend.raise_if_failed(comm)
@@ -94,7 +94,7 @@ class NcclBackend:
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.has_avg = nccl.get_version() >= 21000
-        self._in_flight: list[tuple[Any, OpRecord | None, tuple]] = []
+        self._in_flight: list[tuple[NcclPending, tuple]] = []
         self._lock = threading.Lock()
         self._error: CollectivesError | None = None
         self._grouped: list[NcclPending] | None = None
@@ -127,13 +127,11 @@ class NcclBackend:
                 return
             now = time.monotonic()
             with self._lock:
-                self._in_flight = [e for e in self._in_flight if not e[0].done]
-                oldest = self._in_flight[0] if self._in_flight else None
-            if oldest is not None and oldest[1] is not None:
-                waited = now - oldest[1].start
-                if waited > self.timeout:
-                    self.fail(timeout_error(self._front, oldest[1], waited))
-                    return
+                self._in_flight = [e for e in self._in_flight if not _finished(e[0])]
+                oldest = self._in_flight[0][0] if self._in_flight else None
+            if oldest is not None and now - oldest.start > self.timeout:
+                self.fail(timeout_error(self._front, oldest, now - oldest.start))
+                return
             try:
                 if self.comm is not None:
                     self.comm.check_async_error()
@@ -154,11 +152,11 @@ class NcclBackend:
                 raise invalid(call, f"{arg} is on device {a.device.id}, expected device "
                               f"{self.device} (the communicator's)")
 
-    def _launch(self, record, arrays, issue, blocking=False) -> NcclPending:
+    def _launch(self, arrays, issue, blocking=False) -> NcclPending:
         """Order after the caller's stream, issue the NCCL calls, record completion."""
         if self._error is not None:
             self._front._die(self._error)
-        pending = NcclPending(record, self, blocking)
+        pending = NcclPending(self, blocking)
         grouped = self._grouped
         if grouped is None or not grouped:
             caller = self.cupy.cuda.get_current_stream()
@@ -168,16 +166,11 @@ class NcclBackend:
             issue(self.stream.ptr)
         if grouped is not None:
             grouped.append(pending)
-            pending.backend = self
-            self._keep(pending, record, arrays)
-            return pending
-        pending.event = self.stream.record()
-        self._keep(pending, record, arrays)
-        return pending
-
-    def _keep(self, pending, record, arrays) -> None:
+        else:
+            pending.event = self.stream.record()
         with self._lock:
-            self._in_flight.append((_EventRef(pending), record, arrays))
+            self._in_flight.append((pending, arrays))
+        return pending
 
     @staticmethod
     def _count(a: Any, name: str) -> tuple[int, int]:
@@ -193,45 +186,45 @@ class NcclBackend:
             with self.stream:
                 divide_in_place(out, self.size)
 
-    # Each verb: (x, out, name, op, root, record) -> NcclPending.
+    # Each verb: (x, out, name, op, root) -> NcclPending.
 
-    def all_reduce(self, x, out, name, op, root, record):
+    def all_reduce(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         code = self._op(op)
-        pending = self._launch(record, (x, out), lambda s: self.comm.allReduce(
+        pending = self._launch((x, out), lambda s: self.comm.allReduce(
             x.data.ptr, out.data.ptr, count, dtype, code, s))
         self._avg_fallback(op, out)
         return pending
 
-    def reduce(self, x, out, name, op, root, record):
+    def reduce(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         code = self._op(op)
         target = x if out is None else out
-        pending = self._launch(record, (x, target), lambda s: self.comm.reduce(
+        pending = self._launch((x, target), lambda s: self.comm.reduce(
             x.data.ptr, target.data.ptr, count, dtype, code, root, s))
         if out is not None:
             self._avg_fallback(op, out)
         return pending
 
-    def broadcast(self, x, out, name, op, root, record):
+    def broadcast(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
-        return self._launch(record, (x,), lambda s: self.comm.broadcast(
+        return self._launch((x,), lambda s: self.comm.broadcast(
             x.data.ptr, x.data.ptr, count, dtype, root, s))
 
-    def all_gather(self, x, out, name, op, root, record):
+    def all_gather(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
-        return self._launch(record, (x, out), lambda s: self.comm.allGather(
+        return self._launch((x, out), lambda s: self.comm.allGather(
             x.data.ptr, out.data.ptr, count, dtype, s))
 
-    def reduce_scatter(self, x, out, name, op, root, record):
+    def reduce_scatter(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
         code = self._op(op)
-        pending = self._launch(record, (x, out), lambda s: self.comm.reduceScatter(
+        pending = self._launch((x, out), lambda s: self.comm.reduceScatter(
             x.data.ptr, out.data.ptr, count, dtype, code, s))
         self._avg_fallback(op, out)
         return pending
 
-    def all_to_all(self, x, out, name, op, root, record):
+    def all_to_all(self, x, out, name, op, root):
         target = self.cupy.empty_like(out) if out is x else out
         count, dtype = self._count(x[0], name) if x.shape[0] else (0, NCCL_TYPE[name])
 
@@ -239,37 +232,37 @@ class NcclBackend:
             self._grouped_p2p(s, [(x[j], j) for j in range(self.size)],
                               [(target[j], j) for j in range(self.size)], count, dtype)
 
-        pending = self._launch(record, (x, out, target), issue)
+        pending = self._launch((x, out, target), issue)
         if target is not out:
             with self.stream:
                 out[...] = target
         return pending
 
-    def gather(self, x, out, name, op, root, record):
+    def gather(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         receives = [(out[j], j) for j in range(self.size)] if out is not None else []
-        return self._launch(record, (x, out), lambda s: self._grouped_p2p(
+        return self._launch((x, out), lambda s: self._grouped_p2p(
             s, [(x, root)], receives, count, dtype))
 
-    def scatter(self, x, out, name, op, root, record):
+    def scatter(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
         sends = [(x[j], j) for j in range(self.size)] if x is not None else []
-        return self._launch(record, (x, out), lambda s: self._grouped_p2p(
+        return self._launch((x, out), lambda s: self._grouped_p2p(
             s, sends, [(out, root)], count, dtype))
 
-    def send(self, x, out, name, op, root, record):
+    def send(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
-        return self._launch(record, (x,), lambda s: self.comm.send(x.data.ptr, count, dtype, root, s))
+        return self._launch((x,), lambda s: self.comm.send(x.data.ptr, count, dtype, root, s))
 
-    def recv(self, x, out, name, op, root, record):
+    def recv(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
-        return self._launch(record, (out,), lambda s: self.comm.recv(
+        return self._launch((out,), lambda s: self.comm.recv(
             out.data.ptr, count, dtype, root, s))
 
-    def barrier(self, x, out, name, op, root, record):
+    def barrier(self, x, out, name, op, root):
         with self.cupy.cuda.Device(self.device):
             token = self.cupy.zeros(1, self.cupy.int32)
-        return self._launch(record, (token,), lambda s: self.comm.allReduce(
+        return self._launch((token,), lambda s: self.comm.allReduce(
             token.data.ptr, token.data.ptr, 1, NCCL_TYPE["int32"], NCCL_OP[ReduceOp.SUM], s),
             blocking=True)
 
@@ -331,18 +324,9 @@ class NcclBackend:
         self._front = front
 
 
-class _EventRef:
-    """An in-flight entry's completion: done once its pending has an event that completed."""
-
-    __slots__ = ("pending",)
-
-    def __init__(self, pending: NcclPending):
-        self.pending = pending
-
-    @property
-    def done(self) -> bool:
-        event = self.pending.event
-        return event is not None and event.done
+def _finished(pending: NcclPending) -> bool:
+    event = pending.event
+    return event is not None and event.done
 
 
 def _comm_null():

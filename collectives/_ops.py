@@ -7,29 +7,31 @@ import enum
 from ._errors import invalid
 
 
-class ReduceOp(enum.Enum):
-    """Reduction applied across ranks. Strings ``"sum"``... are accepted wherever an op is."""
+class ReduceOp(enum.IntEnum):
+    """Reduction applied across ranks; strings ``"sum"``, ``"avg"``... are accepted too.
 
-    SUM = "sum"
-    PROD = "prod"
-    MAX = "max"
-    MIN = "min"
-    AVG = "avg"
+    The values are NCCL's ``ncclRedOp_t`` codes. (An ``IntEnum`` also hashes at C speed,
+    which matters on the per-call path.)
+    """
+
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
 
     def __str__(self) -> str:
-        return self.value
+        return self.name.lower()
 
 
-_BY_NAME = {op.value: op for op in ReduceOp}
-_BY_NAME.update({op: op for op in ReduceOp})
+BY_NAME: dict = {op.name.lower(): op for op in ReduceOp}
+BY_NAME.update({op: op for op in ReduceOp})
 
 
 def parse_op(op: ReduceOp | str, call: str) -> ReduceOp:
     """``"sum"`` or ``ReduceOp.SUM`` -> ``ReduceOp.SUM``; anything else is a clear error."""
-    try:
-        return _BY_NAME[op]
-    except (KeyError, TypeError):
-        pass
-    if isinstance(op, str) and op.lower() in _BY_NAME:
-        return _BY_NAME[op.lower()]
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str) and op.lower() in BY_NAME:
+        return BY_NAME[op.lower()]
     raise invalid(call, f"op must be one of sum, prod, max, min, avg, got {op!r}")

@@ -8,54 +8,29 @@ from typing import Any, Callable
 from ._errors import CollectiveTimeoutError
 
 
-class OpRecord:
-    """What the flight recorder and every error know about one call."""
-
-    __slots__ = ("seq", "call", "nbytes", "dtype", "shape", "start", "end", "state")
-
-    def __init__(self, seq: int, call: str, nbytes: int, dtype: str | None, shape: tuple | None):
-        self.seq = seq
-        self.call = call
-        self.nbytes = nbytes
-        self.dtype = dtype
-        self.shape = shape
-        self.start = time.monotonic()
-        self.end = 0.0
-        self.state = "started"
-
-    @property
-    def detail(self) -> str:
-        return "no data" if self.shape is None else f"shape {self.shape}, {self.dtype}"
-
-    def describe(self) -> str:
-        return f"{self.call} #{self.seq} ({self.detail})"
-
-    def as_dict(self) -> dict:
-        return {
-            "seq": self.seq,
-            "call": self.call,
-            "nbytes": self.nbytes,
-            "detail": self.detail,
-            "state": self.state,
-            "start": self.start,
-            "duration_s": (self.end or time.monotonic()) - self.start,
-        }
-
-
 class Pending:
-    """One backend operation in flight. Backends subclass it.
+    """One operation in flight, and the flight recorder's entry for it. Backends subclass it.
 
     ``test()`` polls, ``wait()`` orders the caller after the result (MPI: blocks),
     ``synchronize()`` blocks the host. ``finish`` runs once, after completion (host-side
     post-processing such as the division of AVG on MPI or the copy back of staged arrays).
+    The front end fills in ``seq``, ``call`` and what the call moved.
     """
 
-    __slots__ = ("record", "finish", "done")
+    __slots__ = ("seq", "call", "nbytes", "dtype", "shape", "start", "end", "state", "finish",
+                 "done")
 
-    def __init__(self, record: OpRecord | None, finish: Callable[[], None] | None = None):
-        self.record = record
+    def __init__(self, finish: Callable[[], None] | None = None):
         self.finish = finish
         self.done = False
+        self.state = "started"
+        self.start = time.monotonic()
+        self.end = 0.0
+        self.seq = 0
+        self.call = "operation"
+        self.nbytes = 0
+        self.dtype: str | None = None
+        self.shape: tuple | None = None
 
     def test(self) -> bool:
         raise NotImplementedError
@@ -71,13 +46,32 @@ class Pending:
         if self.finish is not None:
             finish, self.finish = self.finish, None
             finish()
-        if self.record is not None:
-            self.record.state = "completed"
-            self.record.end = time.monotonic()
+        self.state = "completed"
+        self.end = time.monotonic()
+
+    @property
+    def detail(self) -> str:
+        return "no data" if self.shape is None else f"shape {self.shape}, {self.dtype}"
+
+    def describe(self) -> str:
+        return f"{self.call} #{self.seq} ({self.detail})"
+
+    def as_dict(self) -> dict:
+        return {
+            "seq": self.seq,
+            "call": self.call,
+            "nbytes": self.nbytes if self.shape is not None else 0,
+            "shape": self.shape,
+            "dtype": self.dtype if self.shape is not None else None,
+            "state": self.state,
+            "start": self.start,
+            "duration_s": (self.end or time.monotonic()) - self.start,
+        }
 
 
-def timeout_error(comm: Any, record: OpRecord | None, waited: float) -> CollectiveTimeoutError:
-    what = record.describe() if record is not None else "operation"
+def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
+    pending.state = "timed out"
+    what = pending.describe()
     ranks = comm.mpi_comm_world_ranks()
     return CollectiveTimeoutError(
         f"{what} on rank {comm.rank} did not complete after {waited:.1f} s "

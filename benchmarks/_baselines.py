@@ -1,0 +1,381 @@
+"""The same collectives through the raw libraries, to measure what our layer costs.
+
+Each baseline builds, for a :class:`~benchmarks._case.Case`, the fastest honest raw call on
+the very buffers our layer uses, and the result getter that says where that library leaves
+the result (MPI's in-place reduce_scatter, for one, leaves it at the start of the buffer).
+``build`` returns None where the library has no such form (torch has no out-of-place
+all_reduce, MPI no average).
+
+Example:
+    >>> base = make_baseline("mpi4py", comm.mpi_comm, np)
+    >>> call, result = base.build(case)
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import numpy as np
+
+from collectives import InvalidArgumentError
+
+from ._case import Case
+from ._ours import Built
+
+BASELINES = ("mpi4py", "nccl", "torch", "cupyx")
+
+
+def _ring(case: Case) -> tuple[int, int]:
+    return (case.rank + 1) % case.size, (case.rank - 1) % case.size
+
+
+class Mpi4pyBaseline:
+    """mpi4py's upper-case buffer calls on NumPy arrays (no pickling), on a dup of the world."""
+
+    name = "mpi4py"
+
+    def __init__(self, mpi_comm: Any):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = mpi_comm.Dup()
+        self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+
+    def build(self, case: Case) -> Built | None:
+        m, IN_PLACE = self.comm, self.MPI.IN_PLACE
+        s, r, b, root = case.send, case.recv, case.buf, case.root
+        mpi_op = self.ops.get(case.redop)
+        if case.op in ("all_reduce", "reduce", "reduce_scatter") and mpi_op is None:
+            return None  # MPI has no average
+        if case.op == "all_reduce":
+            f = m.Allreduce
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, mpi_op)), lambda: b
+            return (lambda: f(s, r, mpi_op)), lambda: r
+        if case.op == "reduce":
+            f = m.Reduce
+            if not case.is_root:
+                x = b if case.inplace else s
+                return (lambda: f(x, None, mpi_op, root)), lambda: None
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, mpi_op, root)), lambda: b
+            return (lambda: f(s, r, mpi_op, root)), lambda: r
+        if case.op == "broadcast":
+            f = m.Bcast
+            return ((lambda: f(b, root)), lambda: b) if case.inplace else None
+        if case.op == "all_gather":
+            f = m.Allgather
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b)), lambda: b
+            return (lambda: f(s, r)), lambda: r
+        if case.op == "reduce_scatter":
+            f = m.Reduce_scatter_block
+            if case.inplace:
+                # MPI leaves this rank's block at the start of the buffer, not at [rank]
+                return (lambda: f(IN_PLACE, b, mpi_op)), lambda: b[0]
+            return (lambda: f(s, r, mpi_op)), lambda: r
+        if case.op == "all_to_all":
+            f = m.Alltoall
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b)), lambda: b
+            return (lambda: f(s, r)), lambda: r
+        if case.op == "gather":
+            f = m.Gather
+            if not case.is_root:
+                x = b if case.inplace else s
+                return (lambda: f(x, None, root)), lambda: None
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, root)), lambda: b
+            return (lambda: f(s, r, root)), lambda: r
+        if case.op == "scatter":
+            f = m.Scatter
+            if case.inplace and case.is_root:
+                own = b[case.rank]
+                return (lambda: f(b, IN_PLACE, root)), lambda: own
+            if case.inplace:
+                return (lambda: f(None, b, root)), lambda: b
+            return (lambda: f(s, r, root)), lambda: r
+        if case.op == "sendrecv":
+            if case.inplace:
+                return None
+            nxt, prv = _ring(case)
+            f = m.Sendrecv
+            return (lambda: f(s, nxt, 0, r, prv, 0)), lambda: r
+        return None
+
+    def close(self) -> None:
+        self.comm.Free()
+
+
+#: dtype name -> ncclDataType_t; reduce op -> ncclRedOp_t (FACTS.md)
+_NCCL_TYPE = {
+    "int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+    "float16": 6, "float32": 7, "float64": 8,
+}  # fmt: skip
+_NCCL_OP = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+
+
+class NcclBaseline:
+    """Raw ``cupy.cuda.nccl`` on CuPy arrays, its own communicator, the current stream."""
+
+    name = "nccl"
+
+    def __init__(self, mpi_comm: Any):
+        from cupy.cuda import nccl
+
+        self.nccl = nccl
+        uid = nccl.get_unique_id() if mpi_comm.rank == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        self.comm = nccl.NcclCommunicator(mpi_comm.size, uid, mpi_comm.rank)
+
+    def build(self, case: Case) -> Built | None:
+        import cupy
+
+        nc, g, c = self.comm, self.nccl, case.count
+        dt, op = _NCCL_TYPE[case.dtype.name], _NCCL_OP[case.redop]
+        stream = cupy.cuda.get_current_stream().ptr
+        s, r, b, root = case.send, case.recv, case.buf, case.root
+        p = {
+            name: (a.data.ptr if a is not None else 0) for name, a in (("s", s), ("r", r), ("b", b))
+        }
+        block = c * case.dtype.itemsize
+        own = p["b"] + case.rank * block
+        if case.op == "all_reduce":
+            src, dst = (p["b"], p["b"]) if case.inplace else (p["s"], p["r"])
+            return (
+                lambda: nc.allReduce(src, dst, c, dt, op, stream)
+            ), lambda: b if case.inplace else r
+        if case.op == "reduce":
+            src, dst = (p["b"], p["b"]) if case.inplace else (p["s"], p["r"])
+            res = (b if case.inplace else r) if case.is_root else None
+            return (lambda: nc.reduce(src, dst, c, dt, op, root, stream)), lambda: res
+        if case.op == "broadcast":
+            if not case.inplace:
+                return None
+            return (lambda: nc.broadcast(p["b"], p["b"], c, dt, root, stream)), lambda: b
+        if case.op == "all_gather":
+            src, dst = (own, p["b"]) if case.inplace else (p["s"], p["r"])
+            return (lambda: nc.allGather(src, dst, c, dt, stream)), lambda: b if case.inplace else r
+        if case.op == "reduce_scatter":
+            if case.inplace:
+                res = b[case.rank]
+                return (lambda: nc.reduceScatter(p["b"], own, c, dt, op, stream)), lambda: res
+            return (lambda: nc.reduceScatter(p["s"], p["r"], c, dt, op, stream)), lambda: r
+        if case.inplace and case.op in ("all_to_all", "gather", "scatter", "sendrecv"):
+            return None  # point-to-point in place would race; nccl-tests does it out of place
+        peers = range(case.size)
+        if case.op == "all_to_all":
+
+            def all_to_all() -> None:
+                g.groupStart()
+                for peer in peers:
+                    nc.send(p["s"] + peer * block, c, dt, peer, stream)
+                    nc.recv(p["r"] + peer * block, c, dt, peer, stream)
+                g.groupEnd()
+
+            return all_to_all, lambda: r
+        if case.op == "gather":
+
+            def gather() -> None:
+                g.groupStart()
+                if case.is_root:
+                    for peer in peers:
+                        nc.recv(p["r"] + peer * block, c, dt, peer, stream)
+                nc.send(p["s"], c, dt, root, stream)
+                g.groupEnd()
+
+            return gather, lambda: r if case.is_root else None
+        if case.op == "scatter":
+
+            def scatter() -> None:
+                g.groupStart()
+                if case.is_root:
+                    for peer in peers:
+                        nc.send(p["s"] + peer * block, c, dt, peer, stream)
+                nc.recv(p["r"], c, dt, root, stream)
+                g.groupEnd()
+
+            return scatter, lambda: r
+        if case.op == "sendrecv":
+            nxt, prv = _ring(case)
+
+            def sendrecv() -> None:
+                g.groupStart()
+                nc.send(p["s"], c, dt, nxt, stream)
+                nc.recv(p["r"], c, dt, prv, stream)
+                g.groupEnd()
+
+            return sendrecv, lambda: r
+        return None
+
+    def close(self) -> None:
+        self.comm.destroy()
+
+
+class TorchBaseline:
+    """torch.distributed: gloo on NumPy arrays, NCCL on CuPy arrays (shared zero-copy)."""
+
+    name = "torch"
+
+    def __init__(self, mpi_comm: Any, gpu: bool):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.gpu = gpu
+        if gpu:
+            import cupy
+
+            torch.cuda.set_device(cupy.cuda.Device().id)
+        address = mpi_comm.bcast(_rendezvous() if mpi_comm.rank == 0 else None, root=0)
+        dist.init_process_group(
+            "nccl" if gpu else "gloo",
+            init_method=f"tcp://{address}",
+            rank=mpi_comm.rank,
+            world_size=mpi_comm.size,
+        )
+        self.ops = {
+            "sum": dist.ReduceOp.SUM,
+            "prod": dist.ReduceOp.PRODUCT,
+            "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN,
+            "avg": dist.ReduceOp.AVG,
+        }
+
+    def _tensor(self, a: Any) -> Any:
+        if a is None:
+            return None
+        return self.torch.as_tensor(a, device="cuda") if self.gpu else self.torch.from_numpy(a)
+
+    def build(self, case: Case) -> Built | None:
+        d = self.dist
+        s, r, b = self._tensor(case.send), self._tensor(case.recv), self._tensor(case.buf)
+        op, root = self.ops[case.redop], case.root
+        if not case.inplace and case.op in ("all_reduce", "reduce", "broadcast"):
+            return None  # torch only has these in place
+        if case.op == "all_reduce":
+            return (lambda: d.all_reduce(b, op)), lambda: case.buf
+        if case.op == "reduce":
+            return (lambda: d.reduce(b, root, op)), lambda: case.buf if case.is_root else None
+        if case.op == "broadcast":
+            return (lambda: d.broadcast(b, root)), lambda: case.buf
+        if case.op == "all_gather":
+            if case.inplace:
+                own = b[case.rank]
+                return (lambda: d.all_gather_into_tensor(b, own)), lambda: case.buf
+            return (lambda: d.all_gather_into_tensor(r, s)), lambda: case.recv
+        if case.op == "reduce_scatter":
+            if case.inplace:
+                own = b[case.rank]
+                return (lambda: d.reduce_scatter_tensor(own, b, op)), lambda: case.buf[case.rank]
+            return (lambda: d.reduce_scatter_tensor(r, s, op)), lambda: case.recv
+        if case.inplace:
+            return None
+        if case.op == "all_to_all":
+            return (lambda: d.all_to_all_single(r, s)), lambda: case.recv
+        if case.op == "gather":
+            parts = list(r) if case.is_root else None
+            res = case.recv if case.is_root else None
+            return (lambda: d.gather(s, parts, dst=root)), lambda: res
+        if case.op == "scatter":
+            parts = list(s) if case.is_root else None
+            return (lambda: d.scatter(r, parts, src=root)), lambda: case.recv
+        if case.op == "sendrecv":
+            nxt, prv = _ring(case)
+
+            def sendrecv() -> None:
+                ops = [d.P2POp(d.isend, s, nxt), d.P2POp(d.irecv, r, prv)]
+                for request in d.batch_isend_irecv(ops):
+                    request.wait()
+
+            return sendrecv, lambda: case.recv
+        return None
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class CupyxBaseline:
+    """``cupyx.distributed``'s NCCL backend on CuPy arrays (bootstrapped over MPI)."""
+
+    name = "cupyx"
+
+    def __init__(self, mpi_comm: Any):
+        from cupyx.distributed import init_process_group
+
+        self.comm = init_process_group(mpi_comm.size, mpi_comm.rank, use_mpi=True)
+
+    def build(self, case: Case) -> Built | None:
+        x, s, r, b, root, op = self.comm, case.send, case.recv, case.buf, case.root, case.redop
+        if case.inplace and case.op not in ("all_reduce", "broadcast", "reduce"):
+            return None
+        if case.op == "all_reduce":
+            if case.inplace:
+                return (lambda: x.all_reduce(b, b, op)), lambda: b
+            return (lambda: x.all_reduce(s, r, op)), lambda: r
+        if case.op == "reduce":
+            src, dst = (b, b) if case.inplace else (s, r)
+            return (lambda: x.reduce(src, dst, root, op)), lambda: dst if case.is_root else None
+        if case.op == "broadcast":
+            return ((lambda: x.broadcast(b, root)), lambda: b) if case.inplace else None
+        c = case.count
+        if case.op == "all_gather":
+            return (lambda: x.all_gather(s, r, c)), lambda: r
+        if case.op == "reduce_scatter":
+            return (lambda: x.reduce_scatter(s, r, c, op)), lambda: r
+        if case.op == "all_to_all":
+            return (lambda: x.all_to_all(s, r)), lambda: r
+        if case.op == "gather":
+            return (lambda: x.gather(s, r, root)), lambda: r if case.is_root else None
+        if case.op == "scatter":
+            return (lambda: x.scatter(s, r, root)), lambda: r
+        if case.op == "sendrecv":
+            nxt, prv = _ring(case)
+
+            return (lambda: _cupyx_ring(x, s, r, nxt, prv)), lambda: r
+        return None
+
+    def close(self) -> None:
+        getattr(self.comm, "stop", lambda: None)()  # the TCP store, where one was started
+
+
+def _cupyx_ring(x: Any, s: Any, r: Any, nxt: int, prv: int) -> None:
+    from cupy.cuda import nccl
+
+    nccl.groupStart()
+    x.send(s, nxt)
+    x.recv(r, prv)
+    nccl.groupEnd()
+
+
+def _rendezvous() -> str:
+    """``host:port`` with a port free right now on this host, for torch's TCP store."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return f"{socket.gethostname()}:{port}"
+
+
+def make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:
+    """The baseline ``name`` over the world of ``mpi_comm``, for arrays of module ``xp``."""
+    gpu = xp is not np
+    if name == "mpi4py":
+        if gpu:
+            raise InvalidArgumentError(
+                "benchmark: --baseline mpi4py runs on NumPy arrays, expected --backend mpi, "
+                "got the NCCL backend (CuPy arrays)"
+            )
+        return Mpi4pyBaseline(mpi_comm)
+    if name in ("nccl", "cupyx"):
+        if not gpu:
+            raise InvalidArgumentError(
+                f"benchmark: --baseline {name} runs on CuPy arrays, expected --backend nccl, "
+                "got the MPI backend (NumPy arrays)"
+            )
+        return NcclBaseline(mpi_comm) if name == "nccl" else CupyxBaseline(mpi_comm)
+    if name == "torch":
+        return TorchBaseline(mpi_comm, gpu)
+    raise InvalidArgumentError(
+        f"benchmark: --baseline must be one of {', '.join(BASELINES)}, got {name!r}"
+    )

@@ -1,0 +1,94 @@
+"""Our side of the benchmark: each collective through a ``collectives`` communicator."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._case import Case
+
+#: (the call to time, what to check after it): built once per case, called many times
+Built = tuple[Callable[[], Any], Callable[[], Any]]
+
+
+class Ours:
+    """Runs a :class:`Case` through the collectives API, in place or out of place.
+
+    Example:
+        >>> call, result = Ours(comm).build(case)
+        >>> call(); count_wrong(result(), case.expected())
+    """
+
+    name = "ours"
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+
+    def build(self, case: Case) -> Built | None:
+        """The call and its result getter, or None where the API has no such form
+        (broadcast out of place, sendrecv in place)."""
+        c, op, root, s, r, b = self.comm, case.redop, case.root, case.send, case.recv, case.buf
+        # bound methods up front so that the timed loop pays what a user's loop pays
+        if case.op == "all_reduce":
+            f = c.all_reduce
+            if case.inplace:
+                return (lambda: f(b, op)), lambda: b
+            return (lambda: f(s, op, out=r)), lambda: r
+        if case.op == "reduce":
+            f = c.reduce
+            mine = (lambda: b if case.inplace else r) if case.is_root else (lambda: None)
+            if case.inplace:
+                return (lambda: f(b, root, op)), mine
+            return (lambda: f(s, root, op, out=r)), mine
+        if case.op == "broadcast":
+            f = c.broadcast
+            return ((lambda: f(b, root)), lambda: b) if case.inplace else None
+        if case.op == "all_gather":
+            f = c.all_gather
+            if case.inplace:
+                own = b[case.rank]
+                return (lambda: f(own, out=b)), lambda: b
+            return (lambda: f(s, out=r)), lambda: r
+        if case.op == "reduce_scatter":
+            f = c.reduce_scatter
+            if case.inplace:
+                own = b[case.rank]
+                return (lambda: f(b, op, out=own)), lambda: own
+            return (lambda: f(s, op, out=r)), lambda: r
+        if case.op == "all_to_all":
+            f = c.all_to_all
+            if case.inplace:
+                return (lambda: f(b, out=b)), lambda: b
+            return (lambda: f(s, out=r)), lambda: r
+        if case.op == "gather":
+            f = c.gather
+            if not case.is_root:
+                x = b if case.inplace else s
+                return (lambda: f(x, root)), lambda: None
+            if case.inplace:
+                own = b[case.rank]
+                return (lambda: f(own, root, out=b)), lambda: b
+            return (lambda: f(s, root, out=r)), lambda: r
+        if case.op == "scatter":
+            f = c.scatter
+            if case.inplace and case.is_root:
+                own = b[case.rank]
+                return (lambda: f(b, root, out=own)), lambda: own
+            if case.inplace:
+                return (lambda: f(None, root, out=b)), lambda: b
+            return (lambda: f(s, root, out=r)), lambda: r
+        if case.op == "sendrecv":
+            if case.inplace:
+                return None
+            nxt, prv = (case.rank + 1) % case.size, (case.rank - 1) % case.size
+            group, send, recv = c.group, c.send, c.recv
+
+            def sendrecv() -> None:
+                with group():
+                    send(s, nxt)
+                    recv(r, prv)
+
+            return sendrecv, lambda: r
+        return None
+
+    def close(self) -> None:
+        self.comm.close()

@@ -1,0 +1,37 @@
+"""Data parallel and tensor parallel training on top of ``collectives``.
+
+Example:
+    >>> import collectives as col
+    >>> from ddp import DistributedDataParallel
+    >>> ddp = DistributedDataParallel(params, col.init())
+"""
+
+from __future__ import annotations
+
+from . import hooks, tensor_parallel
+from ._buckets import Bucket, BucketSpec, assign_buckets
+from ._ddp import BucketStats, DDPStats, DistributedDataParallel
+from .clip import clip_grad_norm
+from .load_balance import LoadBalancer
+from .local_sgd import LocalSGD
+from .optim import SGD, AdamW
+from .sharded import ShardedArray
+from .zero import ZeroOptimizer
+
+__all__ = [
+    "AdamW",
+    "Bucket",
+    "BucketSpec",
+    "BucketStats",
+    "DDPStats",
+    "DistributedDataParallel",
+    "LoadBalancer",
+    "LocalSGD",
+    "SGD",
+    "ShardedArray",
+    "ZeroOptimizer",
+    "assign_buckets",
+    "clip_grad_norm",
+    "hooks",
+    "tensor_parallel",
+]

@@ -1,0 +1,426 @@
+"""DistributedDataParallel: starts and finishes the reductions of the bucket layout."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from collectives import CollectiveMismatchError, array_module
+from collectives._arrays import to_array
+from collectives._errors import invalid
+
+from . import hooks as _hooks
+from ._buckets import Bucket, assign_buckets, make_buckets
+from ._pack import _PointerTable, pack, unpack
+from ._scalars import reduce_scalars
+
+_CALL = "DistributedDataParallel"
+
+
+@dataclass
+class BucketStats:
+    """One bucket's reduction in the last step: bytes, and start/end in seconds since the
+    step's first reduction started (GPU: measured with CUDA events)."""
+
+    index: int
+    nbytes: int
+    start_s: float = math.nan
+    end_s: float = math.nan
+
+
+@dataclass
+class DDPStats:
+    """Per-bucket bytes and timings of the last synchronized step, and time spent waiting.
+
+    ``wait_s`` is the time the caller spent blocked in the last ``finish()`` (or
+    ``sync_gradients``); ``total_wait_s`` sums it over every step; ``steps`` counts them.
+    """
+
+    buckets: list[BucketStats] = field(default_factory=list)
+    wait_s: float = 0.0
+    total_wait_s: float = 0.0
+    steps: int = 0
+
+
+class _Clock:
+    """Host timestamps, or CUDA events on GPU (read back lazily, when stats are asked for)."""
+
+    def __init__(self, xp: Any, comm: Any):
+        self._cuda = xp is not np
+        self._comm = comm
+        self._origin: Any = None
+        self.marks: dict[tuple[int, str], Any] = {}
+
+    def reset(self) -> None:
+        self._origin = None
+        self.marks = {}
+
+    def mark(self, index: int, what: str) -> None:
+        if self._cuda:
+            import cupy
+
+            stream = self._comm.stream if what == "end" and self._comm.stream is not None else None
+            event = cupy.cuda.Event()
+            event.record(stream)
+            stamp: Any = event
+        else:
+            stamp = time.perf_counter()
+        if self._origin is None:
+            self._origin = stamp
+        self.marks[(index, what)] = stamp
+
+    def seconds(self, index: int, what: str) -> float:
+        stamp = self.marks.get((index, what))
+        if stamp is None:
+            return math.nan
+        if self._cuda:
+            import cupy
+
+            stamp.synchronize()
+            return cupy.cuda.get_elapsed_time(self._origin, stamp) / 1e3
+        return stamp - self._origin
+
+
+class DistributedDataParallel:
+    """Data-parallel gradient reduction over bucketed flat buffers.
+
+    Args:
+        params: name -> array, in model order (NumPy or CuPy, all alike).
+        comm: the data-parallel communicator.
+        bucket_cap_mb: cap of every bucket but the first of each dtype, in MiB.
+        first_bucket_cap_mb: cap of the first bucket of each dtype (starts communication early).
+        broadcast_from: rank whose parameters every rank starts from (None: skip).
+        hook: ``hook(comm, bucket) -> work`` leaving the mean in ``bucket.buffer``
+            (default :func:`ddp.hooks.allreduce`).
+
+    Example:
+        >>> ddp = DistributedDataParallel(params, comm, bucket_cap_mb=25)
+        >>> for x, y in batches:
+        ...     ddp.zero_grad()
+        ...     for name, g in backward(x, y):        # last layers first
+        ...         ddp.grads[name][...] += g
+        ...         ddp.mark_ready(name)             # may start a bucket's reduction
+        ...     ddp.finish()                         # grads now hold the mean over ranks
+        ...     for name, p in params.items():
+        ...         p -= lr * ddp.grads[name]
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        comm: Any,
+        *,
+        bucket_cap_mb: float = 25.0,
+        first_bucket_cap_mb: float = 1.0,
+        broadcast_from: int | None = 0,
+        hook: Callable[[Any, Bucket], Any] | None = None,
+    ):
+        if not isinstance(params, Mapping):
+            raise invalid(
+                _CALL, f"params must be a mapping name -> array, got {type(params).__name__}"
+            )
+        if len(params) == 0:
+            raise invalid(_CALL, "params is empty, expected at least one parameter")
+        self.comm = comm
+        self.params = {name: to_array(p, _CALL, f"params[{name!r}]") for name, p in params.items()}
+        self._xp = self._check_arrays()
+        if broadcast_from is not None and not (
+            int(broadcast_from) == broadcast_from and 0 <= broadcast_from < comm.size
+        ):
+            raise invalid(
+                _CALL, f"broadcast_from must be None or in [0, {comm.size}), got {broadcast_from}"
+            )
+        self.hook = _hooks.allreduce if hook is None else hook
+        specs = assign_buckets(self.params, bucket_cap_mb, first_bucket_cap_mb)
+        self._check_across_ranks()
+
+        with self._on_device():
+            self.buckets: list[Bucket] = make_buckets(specs, self._xp)
+        self.grads: dict[str, Any] = {}
+        self._bucket_of: dict[str, int] = {}
+        for bucket in self.buckets:
+            for name in bucket.names:
+                self._bucket_of[name] = bucket.index
+        self.grads = {name: self.buckets[self._bucket_of[name]].views[name] for name in self.params}
+        self._tables = [_PointerTable() for _ in self.buckets]
+
+        self._weight: float | None = None
+        self._sync = True
+        self._open = True
+        self._marked: set[str] = set()
+        self._missing = [len(b.names) for b in self.buckets]
+        self._works: list[Any] = [None] * len(self.buckets)
+        self._next = 0
+        self._clock = _Clock(self._xp, comm)
+        self._stats = DDPStats(buckets=[BucketStats(b.index, b.nbytes) for b in self.buckets])
+
+        if broadcast_from is not None:
+            self._broadcast_params(int(broadcast_from))
+
+    # -- construction helpers -------------------------------------------------------------
+
+    def _check_arrays(self) -> Any:
+        modules = set()
+        for name, p in self.params.items():
+            if p.dtype.kind not in "fc":
+                raise invalid(
+                    _CALL, f"params[{name!r}] has dtype {p.dtype}, expected a floating dtype"
+                )
+            modules.add(array_module(p))
+        if len(modules) > 1:
+            raise invalid(_CALL, "params mix NumPy and CuPy arrays, expected one kind")
+        xp = modules.pop()
+        if self.comm.backend == "nccl" and xp is np:
+            raise invalid(
+                _CALL, "params are NumPy arrays, expected CuPy arrays for the nccl backend"
+            )
+        return xp
+
+    def _on_device(self) -> Any:
+        if self._xp is np or self.comm.device is None:
+            return contextlib.nullcontext()
+        return self._xp.cuda.Device(self.comm.device)
+
+    def _check_across_ranks(self) -> None:
+        """Every rank must hold the same names, shapes and dtypes, in the same order."""
+        mine = [(name, tuple(p.shape), p.dtype.str) for name, p in self.params.items()]
+        fingerprint = float(zlib.crc32(repr(mine).encode()))
+        high, low = reduce_scalars(self.comm, [fingerprint, -fingerprint], "max")
+        if high == fingerprint and -low == fingerprint:
+            return
+        # metadata only (never arrays): pickling mpi4py calls are fine here
+        every = self.comm.mpi_comm.allgather(mine)
+        for i in range(max(len(e) for e in every)):
+            column = [e[i] if i < len(e) else None for e in every]
+            if len(set(column)) > 1:
+                break
+        groups: dict[Any, list[int]] = {}
+        for rank, entry in enumerate(column):
+            groups.setdefault(entry, []).append(rank)
+        parts = []
+        for entry, ranks in groups.items():
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+            if entry is None:
+                parts.append(f"{who}: no parameter")
+            else:
+                name, shape, dtype = entry
+                parts.append(f"{who}: {name!r} shape {shape} dtype {np.dtype(dtype)}")
+        raise CollectiveMismatchError(
+            f"{_CALL}: params differ across ranks at parameter {i}: " + "; ".join(parts)
+        )
+
+    def _broadcast_params(self, root: int) -> None:
+        # pack into the (still zero) gradient buffers: one broadcast per bucket, not per tensor
+        works = []
+        for bucket, table in zip(self.buckets, self._tables):
+            pack(bucket, [self.params[n] for n in bucket.names], table)
+            works.append(self.comm.broadcast(bucket.buffer, root=root, async_op=True))
+        for bucket, table, work in zip(self.buckets, self._tables, works):
+            work.wait()
+            unpack(bucket, [self.params[n] for n in bucket.names], table)
+            bucket.buffer.fill(0)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    @property
+    def weight(self) -> float | None:
+        """This rank's share of the global batch for the coming reductions (None: plain mean)."""
+        return self._weight
+
+    @weight.setter
+    def weight(self, value: float | None) -> None:
+        self._weight = self._checked_weight(value, "weight")
+
+    @staticmethod
+    def _checked_weight(value: Any, call: str) -> float | None:
+        if value is None:
+            return None
+        if not (isinstance(value, (int, float, np.floating, np.integer)) and 0 <= value < math.inf):
+            raise invalid(call, f"weight must be None or a finite number >= 0, got {value!r}")
+        return float(value)
+
+    @property
+    def stats(self) -> DDPStats:
+        """Per-bucket bytes and timings of the last step, and the time waited in ``finish``."""
+        for s in self._stats.buckets:
+            s.start_s = self._clock.seconds(s.index, "start")
+            s.end_s = self._clock.seconds(s.index, "end")
+        return self._stats
+
+    def zero_grad(self) -> None:
+        """Zero every gradient (the flat buffers) and begin a new step."""
+        for bucket in self.buckets:
+            bucket.buffer.fill(0)
+        self._open = True
+
+    def mark_ready(self, name: str) -> None:
+        """Declare ``name``'s gradient final; a bucket whose gradients are all final starts
+        its reduction at once (buckets always start in order, the same on every rank)."""
+        index = self._bucket_of.get(name)
+        if index is None:
+            raise invalid(
+                "mark_ready", f"name {name!r} is not one of the {len(self.params)} parameters"
+            )
+        if name in self._marked:
+            raise invalid(
+                "mark_ready",
+                f"gradient {name!r} was already marked ready in this step (call finish() first)",
+            )
+        self._marked.add(name)
+        self._open = True
+        self._missing[index] -= 1
+        if self._sync:
+            while self._next < len(self.buckets) and self._missing[self._next] == 0:
+                self._launch(self._next, self._weight)
+
+    def _launch(self, index: int, weight: float | None) -> None:
+        bucket = self.buckets[index]
+        if index == 0:
+            self._clock.reset()
+        if weight is not None:
+            # the hook averages, so scale by weight * size to get the weighted sum
+            bucket.buffer *= bucket.dtype.type(weight * self.comm.size)
+        self._clock.mark(index, "start")
+        self._works[index] = self.hook(self.comm, bucket)
+        self._next = index + 1
+
+    def _reset_marks(self) -> None:
+        self._marked.clear()
+        self._missing = [len(b.names) for b in self.buckets]
+        self._works = [None] * len(self.buckets)
+        self._next = 0
+
+    def finish(self) -> None:
+        """Start the reductions not yet started and wait for all of them.
+
+        Afterwards ``grads`` hold the mean over ranks (the weighted sum with ``weight`` set).
+        A second call with no ``zero_grad``/``mark_ready`` in between does nothing; inside
+        ``no_sync()`` it only ends the micro-step.
+        """
+        if not self._sync:
+            self._reset_marks()
+            return
+        if not self._open:
+            return
+        while self._next < len(self.buckets):
+            self._launch(self._next, self._weight)
+        self._wait_all()
+        self._reset_marks()
+        self._open = False
+
+    def _wait_all(self) -> None:
+        t0 = time.perf_counter()
+        for index, work in enumerate(self._works):
+            work.wait()
+            self._clock.mark(index, "end")
+        waited = time.perf_counter() - t0
+        self._stats.wait_s = waited
+        self._stats.total_wait_s += waited
+        self._stats.steps += 1
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: nothing is communicated inside.
+
+        Example:
+            >>> with ddp.no_sync():
+            ...     backward(micro_batch_1); ddp.finish()   # records only
+            >>> backward(micro_batch_2); ddp.finish()       # reduces the sum of both
+        """
+        if self._next > 0:
+            raise invalid("no_sync", "reductions of this step already started; call finish() first")
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+            self._reset_marks()
+
+    # -- trainers with their own arrays -----------------------------------------------------
+
+    def sync_gradients(self, grads: Mapping[str, Any], weight: float | None = None) -> None:
+        """Average ``grads`` (name -> array, the model's names and shapes) over ranks in place.
+
+        Each bucket is packed into its flat buffer (one fused copy per bucket on GPU), reduced
+        through the hook, and copied back. ``weight`` plays the role of ``ddp.weight`` for
+        this call (default: ``ddp.weight``). Inside ``no_sync()`` it does nothing. The flat
+        buffers are the staging area, so ``ddp.grads`` hold the result too.
+
+        Example:
+            >>> ddp.sync_gradients(my_grads)      # my_grads now hold the mean over ranks
+        """
+        call = "sync_gradients"
+        if not self._sync:
+            return
+        if self._next > 0 or self._marked:
+            raise invalid(call, "a mark_ready step is in progress; call finish() first")
+        weight = self._weight if weight is None else self._checked_weight(weight, call)
+        arrays = self._checked_grads(grads, call)
+        for bucket, table in zip(self.buckets, self._tables):
+            pack(bucket, [arrays[n] for n in bucket.names], table)
+            self._launch(bucket.index, weight)
+        self._wait_all()
+        for bucket, table in zip(self.buckets, self._tables):
+            unpack(bucket, [arrays[n] for n in bucket.names], table)
+        self._reset_marks()
+        self._open = False
+
+    def _checked_grads(self, grads: Mapping[str, Any], call: str) -> dict[str, Any]:
+        if not isinstance(grads, Mapping):
+            raise invalid(
+                call, f"grads must be a mapping name -> array, got {type(grads).__name__}"
+            )
+        missing = [n for n in self.params if n not in grads]
+        extra = [n for n in grads if n not in self.params]
+        if missing or extra:
+            raise invalid(
+                call,
+                f"grads must have the parameters' names; missing {missing}, unknown {extra}",
+            )
+        out = {}
+        for name, p in self.params.items():
+            g = to_array(grads[name], call, f"grads[{name!r}]")
+            if tuple(g.shape) != tuple(p.shape) or g.dtype != p.dtype:
+                raise invalid(
+                    call,
+                    f"grads[{name!r}] has shape {tuple(g.shape)} dtype {g.dtype}, "
+                    f"expected {tuple(p.shape)} {p.dtype}",
+                )
+            if array_module(g) is not self._xp:
+                raise invalid(
+                    call, f"grads[{name!r}] is not a {self._xp.__name__} array like params"
+                )
+            out[name] = g
+        return out
+
+    # -- non-parameter state ----------------------------------------------------------------
+
+    def broadcast_buffers(self, buffers: Any, root: int = 0) -> None:
+        """Broadcast non-parameter state (running statistics...) from ``root``, in place.
+
+        ``buffers`` is a mapping name -> array or a sequence of arrays.
+
+        Example:
+            >>> ddp.broadcast_buffers({"bn.mean": mean, "bn.var": var})
+        """
+        call = "broadcast_buffers"
+        if not (int(root) == root and 0 <= root < self.comm.size):
+            raise invalid(call, f"root must be in [0, {self.comm.size}), got {root}")
+        arrays = list(buffers.values()) if isinstance(buffers, Mapping) else list(buffers)
+        works = [self.comm.broadcast(a, root=int(root), async_op=True) for a in arrays]
+        for work in works:
+            work.wait()
+
+    def __repr__(self) -> str:
+        total = sum(b.nbytes for b in self.buckets)
+        return (
+            f"DistributedDataParallel({len(self.params)} params, {len(self.buckets)} buckets, "
+            f"{total} bytes, rank {self.comm.rank} of {self.comm.size})"
+        )

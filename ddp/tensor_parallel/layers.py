@@ -1,0 +1,224 @@
+"""Column- and row-parallel linear layers with explicit forward and backward (Megatron style).
+
+Both are built from the full, unsharded weights (the same on every rank, so any run is
+reproducible) and keep only their shard. ``weight`` has shape ``(in_features, out_features)``
+and ``y = x @ weight + bias``; ``x`` may have any number of leading axes. Sequence
+parallelism splits the first axis of the activations outside the pair (``x`` of the column
+layer, ``y`` of the row layer) across the group.
+
+Example (the unsharded MLP ``relu(x @ w1 + b1) @ w2 + b2``, on any group size)::
+
+    fc1 = ColumnParallelLinear(w1, b1, tp)
+    fc2 = RowParallelLinear(w2, b2, tp)
+    h = fc1.forward(x)
+    y = fc2.forward(np.maximum(h, 0))
+    dh = fc2.backward(dy) * (h > 0)
+    dx = fc1.backward(dh)          # fc1.grad_weight: columns [r*k, (r+1)*k) of dL/dw1
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collectives import InvalidArgumentError
+from collectives._arrays import array_module
+
+from ..sharded import even_shard_size
+from .mappings import (
+    copy_to_group,
+    gather_from_group,
+    gather_from_sequence,
+    reduce_from_group,
+    reduce_scatter_to_sequence,
+    scatter_to_group,
+)
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear"]
+
+
+def _check_weight(call: str, weight: Any, bias: Any) -> tuple[int, int]:
+    if weight.ndim != 2:
+        raise InvalidArgumentError(
+            f"{call}: weight has shape {tuple(weight.shape)}, expected (in_features, out_features)"
+        )
+    in_features, out_features = weight.shape
+    if bias is not None and tuple(bias.shape) != (out_features,):
+        raise InvalidArgumentError(
+            f"{call}: bias has shape {tuple(bias.shape)}, expected ({out_features},) = (out_features,)"
+        )
+    return in_features, out_features
+
+
+def _check_input(call: str, x: Any, features: int) -> None:
+    if x.ndim < 1 or x.shape[-1] != features:
+        raise InvalidArgumentError(
+            f"{call}: x has shape {tuple(x.shape)}, expected (..., {features})"
+        )
+
+
+def _linear_grads(x: Any, dy: Any, weight: Any, has_bias: bool) -> tuple[Any, Any, Any]:
+    """``(dx, grad_weight, grad_bias)`` of ``y = x @ weight + bias`` for any leading axes."""
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    grad_weight = x2.T @ dy2
+    grad_bias = dy2.sum(axis=0) if has_bias else None
+    return dy @ weight.T, grad_weight, grad_bias
+
+
+class ColumnParallelLinear:
+    """``y = x @ weight + bias`` with the output features split across ``comm``.
+
+    Rank r keeps columns ``[r*k, (r+1)*k)`` of ``weight`` and that block of ``bias``
+    (``k = out_features / size``). The input is replicated (or, with ``sequence_parallel``,
+    split along its first axis); the output is this rank's block of features, or the full
+    output on every rank with ``gather_output=True``.
+
+    Example::
+
+        fc = ColumnParallelLinear(w, b, tp)      # w: (in, out), the same on every rank
+        y = fc.forward(x)                        # (..., out / tp.size)
+        dx = fc.backward(dy)                     # fc.grad_weight: (in, out / tp.size)
+    """
+
+    def __init__(
+        self,
+        weight: Any,
+        bias: Any,
+        comm: Any,
+        *,
+        gather_output: bool = False,
+        sequence_parallel: bool = False,
+    ) -> None:
+        call = "ColumnParallelLinear"
+        in_features, out_features = _check_weight(call, weight, bias)
+        k = even_shard_size(call, "out_features (weight.shape[1])", out_features, comm.size)
+        if gather_output and sequence_parallel:
+            raise InvalidArgumentError(
+                f"{call}: gather_output=True with sequence_parallel=True, expected at most one "
+                "(a sequence-parallel column layer feeds a row-parallel layer)"
+            )
+        xp = array_module(weight)
+        lo, hi = comm.rank * k, (comm.rank + 1) * k
+        self.comm = comm
+        self.in_features, self.out_features = in_features, out_features
+        self.gather_output = gather_output
+        self.sequence_parallel = sequence_parallel
+        self.weight = xp.ascontiguousarray(weight[:, lo:hi]).copy()
+        self.bias = None if bias is None else xp.ascontiguousarray(bias[lo:hi]).copy()
+        self.grad_weight: Any = None
+        self.grad_bias: Any = None
+        self._x: Any = None
+
+    def forward(self, x: Any) -> Any:
+        """This rank's block of ``x @ weight + bias`` (all of it with ``gather_output``)."""
+        _check_input("ColumnParallelLinear.forward", x, self.in_features)
+        if self.sequence_parallel:
+            x = gather_from_sequence.forward(x, self.comm)
+        else:
+            x = copy_to_group.forward(x, self.comm)
+        self._x = x
+        y = x @ self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        if self.gather_output:
+            y = gather_from_group.forward(y, self.comm)
+        return y
+
+    def backward(self, dy: Any) -> Any:
+        """Set ``grad_weight`` and ``grad_bias`` (this shard's) and return ``dL/dx``."""
+        if self._x is None:
+            raise InvalidArgumentError(
+                "ColumnParallelLinear.backward: no saved input, expected forward() first"
+            )
+        if self.gather_output:
+            dy = gather_from_group.backward(dy, self.comm)
+        dx, self.grad_weight, self.grad_bias = _linear_grads(
+            self._x, dy, self.weight, self.bias is not None
+        )
+        self._x = None
+        if self.sequence_parallel:
+            return gather_from_sequence.backward(dx, self.comm)
+        return copy_to_group.backward(dx, self.comm)
+
+
+class RowParallelLinear:
+    """``y = x @ weight + bias`` with the input features split across ``comm``.
+
+    Rank r keeps rows ``[r*k, (r+1)*k)`` of ``weight`` (``k = in_features / size``) and the
+    whole ``bias``, added once after the partial products are summed. The input is this rank's
+    block of features (or the full input with ``input_is_parallel=False``); the output is
+    replicated, or split along its first axis with ``sequence_parallel=True``.
+
+    Example::
+
+        fc = RowParallelLinear(w, b, tp)         # w: (in, out), the same on every rank
+        y = fc.forward(h)                        # h: (..., in / tp.size); y: (..., out)
+        dh = fc.backward(dy)                     # fc.grad_weight: (in / tp.size, out)
+    """
+
+    def __init__(
+        self,
+        weight: Any,
+        bias: Any,
+        comm: Any,
+        *,
+        input_is_parallel: bool = True,
+        sequence_parallel: bool = False,
+    ) -> None:
+        call = "RowParallelLinear"
+        in_features, out_features = _check_weight(call, weight, bias)
+        k = even_shard_size(call, "in_features (weight.shape[0])", in_features, comm.size)
+        if sequence_parallel and not input_is_parallel:
+            raise InvalidArgumentError(
+                f"{call}: sequence_parallel=True with input_is_parallel=False, expected "
+                "input_is_parallel=True (the input comes from a column-parallel layer)"
+            )
+        xp = array_module(weight)
+        lo, hi = comm.rank * k, (comm.rank + 1) * k
+        self.comm = comm
+        self.in_features, self.out_features = in_features, out_features
+        self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
+        self.weight = xp.ascontiguousarray(weight[lo:hi]).copy()
+        self.bias = None if bias is None else xp.ascontiguousarray(bias).copy()
+        self.grad_weight: Any = None
+        self.grad_bias: Any = None
+        self._x: Any = None
+
+    def forward(self, x: Any) -> Any:
+        """``x @ weight + bias``, replicated (or this rank's block of the first axis)."""
+        call = "RowParallelLinear.forward"
+        if self.input_is_parallel:
+            _check_input(call, x, self.weight.shape[0])
+        else:
+            _check_input(call, x, self.in_features)
+            x = scatter_to_group.forward(x, self.comm)
+        self._x = x
+        partial = x @ self.weight
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sequence.forward(partial, self.comm)
+        else:
+            y = reduce_from_group.forward(partial, self.comm)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+    def backward(self, dy: Any) -> Any:
+        """Set ``grad_weight`` (this shard's) and ``grad_bias`` (whole) and return ``dL/dx``."""
+        if self._x is None:
+            raise InvalidArgumentError(
+                "RowParallelLinear.backward: no saved input, expected forward() first"
+            )
+        if self.sequence_parallel:
+            # The all-gathered dy covers the whole first axis, so its sum is the gradient of
+            # the whole bias: no partial bias gradient is left to reduce, unlike Megatron's.
+            dy = reduce_scatter_to_sequence.backward(dy, self.comm)
+        else:
+            dy = reduce_from_group.backward(dy, self.comm)
+        dx, self.grad_weight, self.grad_bias = _linear_grads(
+            self._x, dy, self.weight, self.bias is not None
+        )
+        self._x = None
+        if not self.input_is_parallel:
+            return scatter_to_group.backward(dx, self.comm)
+        return dx

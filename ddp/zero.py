@@ -1,0 +1,239 @@
+"""ZeRO: data-parallel training with the optimizer state split across the ranks.
+
+All parameters live in one flat buffer, padded to a multiple of the group size and seen as
+``(size, shard)``: rank r owns shard r. Each step, the flat gradient is reduced so that rank
+r holds the mean of its shard (stage 1: an all-reduce, the full mean stays available; stage
+2: a reduce-scatter, half the traffic, only the shard's mean is kept); the optimizer updates
+shard r with its own state, which is therefore ``1/size`` of the unsharded state; an
+all-gather brings every rank the updated parameters. The optimizers are elementwise, so the
+trajectory is the one of plain data-parallel training with the same optimizer. Stage 3
+also keeps only this rank's shard of the parameters between steps; :meth:`gathered` brings
+the full parameters for the forward and backward passes and drops them afterwards.
+
+Example::
+
+    opt = ZeroOptimizer({"w": w, "b": b}, comm, AdamW(lr=1e-3), stage=2)
+    for batch in batches:
+        opt.zero_grad()
+        backward(opt.params, batch, out=opt.grads)   # write local gradients into the views
+        opt.step()                                   # opt.params now hold the new values
+    opt.state_nbytes                                 # optimizer state held by this rank
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from collectives import InvalidArgumentError
+from collectives._arrays import array_module
+
+from .optim import Optimizer
+
+__all__ = ["ZeroOptimizer", "FlatLayout", "flat_layout"]
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each parameter sits in the flat space, and how that space splits into shards."""
+
+    offsets: dict[str, tuple[int, int]]
+    shapes: dict[str, tuple[int, ...]]
+    numel: int
+    size: int
+    shard: int
+
+    @property
+    def padded(self) -> int:
+        """Length of the flat space: ``numel`` rounded up to a multiple of ``size``."""
+        return self.shard * self.size
+
+    def shard_range(self, rank: int) -> tuple[int, int]:
+        """``(start, stop)`` of rank ``rank``'s shard in the flat space."""
+        return rank * self.shard, (rank + 1) * self.shard
+
+
+def flat_layout(shapes: Mapping[str, tuple[int, ...]], size: int) -> FlatLayout:
+    """Lay ``shapes`` out back to back, in order, and split the padded space into ``size`` shards.
+
+    Example: ``flat_layout({"w": (2, 3), "b": (3,)}, 4)`` puts ``w`` at ``(0, 6)``, ``b`` at
+    ``(6, 9)``, pads 9 to 12 and gives every rank a shard of 3.
+    """
+    if size < 1:
+        raise InvalidArgumentError(f"flat_layout: size must be >= 1, got {size}")
+    offsets = {}
+    start = 0
+    for name, shape in shapes.items():
+        n = 1
+        for d in shape:
+            n *= int(d)
+        offsets[name] = (start, start + n)
+        start += n
+    shard = -(-start // size)
+    return FlatLayout(offsets, {k: tuple(v) for k, v in shapes.items()}, start, size, shard)
+
+
+class ZeroOptimizer:
+    """Sharded data-parallel optimizer (ZeRO stage 1 or 2) over the ranks of ``comm``.
+
+    Args:
+        params: name -> array, the same names, shapes and dtype on every rank. They are
+            copied into one flat buffer; train on :attr:`params` (views into it) from then on.
+        comm: the data-parallel communicator.
+        optimizer: an elementwise optimizer (``ddp.SGD``, ``ddp.AdamW`` or anything with
+            ``init_state(param)`` and ``update(param, grad, state)``).
+        stage: 1 (gradients all-reduced, the full mean gradient stays in :attr:`grads`),
+            2 (gradients reduce-scattered, only this rank's shard of the mean is kept) or
+            3 (as 2, and the parameters too are kept as a shard: use :meth:`gathered`).
+        broadcast_from: rank whose initial parameters every rank starts from (None: skip).
+
+    Example::
+
+        opt = ZeroOptimizer(params, comm, SGD(lr=0.1, momentum=0.9))
+        opt.grads["w"][...] = local_grad_w
+        opt.step()
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        comm: Any,
+        optimizer: Optimizer,
+        *,
+        stage: int = 2,
+        broadcast_from: int | None = 0,
+    ) -> None:
+        call = "ZeroOptimizer"
+        if stage not in (1, 2, 3):
+            raise InvalidArgumentError(f"{call}: stage must be 1, 2 or 3, got {stage!r}")
+        if not params:
+            raise InvalidArgumentError(f"{call}: params is empty, expected at least one array")
+        dtypes = {str(p.dtype) for p in params.values()}
+        if len(dtypes) != 1:
+            raise InvalidArgumentError(
+                f"{call}: params mix dtypes {sorted(dtypes)}, expected one dtype "
+                "(make one ZeroOptimizer per dtype)"
+            )
+        first = next(iter(params.values()))
+        if first.dtype.kind not in "fc":
+            raise InvalidArgumentError(
+                f"{call}: params have dtype {first.dtype}, expected a floating dtype"
+            )
+        if broadcast_from is not None and not 0 <= broadcast_from < comm.size:
+            raise InvalidArgumentError(
+                f"{call}: broadcast_from must be in [0, {comm.size}) or None, got {broadcast_from}"
+            )
+        xp = array_module(first)
+        self.comm, self.optimizer, self.stage = comm, optimizer, stage
+        self.layout = flat_layout({k: tuple(v.shape) for k, v in params.items()}, comm.size)
+        # The padding stays zero in both buffers, so it never moves under an elementwise update.
+        self._flat_params = xp.zeros(self.layout.padded, dtype=first.dtype)
+        self._flat_grads = xp.zeros(self.layout.padded, dtype=first.dtype)
+        self.params = self._views(self._flat_params)
+        self.grads = self._views(self._flat_grads)
+        for name, p in params.items():
+            self.params[name][...] = p
+        if broadcast_from is not None and comm.size > 1:
+            comm.broadcast(self._flat_params, root=broadcast_from)
+        lo, hi = self.layout.shard_range(comm.rank)
+        if stage == 1:
+            self._grad_shard = self._flat_grads[lo:hi]
+        else:
+            self._grad_shard = xp.zeros_like(self._flat_grads[lo:hi])
+        self._param_shard = self._flat_params[lo:hi].copy()
+        if stage == 3:
+            self.release_params()
+        self.state = optimizer.init_state(self._param_shard)
+
+    def _views(self, flat: Any) -> dict[str, Any]:
+        return {
+            name: flat[start:stop].reshape(self.layout.shapes[name])
+            for name, (start, stop) in self.layout.offsets.items()
+        }
+
+    @property
+    def shard_range(self) -> tuple[int, int]:
+        """This rank's ``(start, stop)`` in the flat parameter space."""
+        return self.layout.shard_range(self.comm.rank)
+
+    @property
+    def grad_shard(self) -> Any:
+        """The mean gradient of this rank's shard, after :meth:`step`."""
+        return self._grad_shard
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of optimizer state this rank holds (about ``1/size`` of the unsharded state)."""
+        return sum(int(v.nbytes) for v in self.state.values() if hasattr(v, "nbytes"))
+
+    @property
+    def param_nbytes(self) -> int:
+        """Bytes of parameters this rank holds now (stage 3, between steps: one shard)."""
+        held = int(self._param_shard.nbytes)
+        if self._flat_params is not None:
+            held += int(self._flat_params.nbytes)
+        return held
+
+    def gather_params(self) -> dict[str, Any]:
+        """Stage 3: all-gather the full parameters into :attr:`params` (collective).
+
+        Other stages always hold them, and this returns :attr:`params` at no cost.
+        """
+        if self._flat_params is None:
+            xp = array_module(self._param_shard)
+            self._flat_params = xp.empty(self.layout.padded, dtype=self._param_shard.dtype)
+            self._all_gather_params()
+            self.params = self._views(self._flat_params)
+        return self.params
+
+    def release_params(self) -> None:
+        """Stage 3: drop the full parameters; only this rank's shard stays (no-op otherwise)."""
+        if self.stage == 3:
+            self._flat_params = None
+            self.params = {}
+
+    @contextmanager
+    def gathered(self) -> Iterator[dict[str, Any]]:
+        """``with opt.gathered() as params:`` the full parameters inside, released after.
+
+        Example (stage 3)::
+
+            with opt.gathered() as params:
+                loss = forward_backward(params, batch, out=opt.grads)
+            opt.step()
+        """
+        try:
+            yield self.gather_params()
+        finally:
+            self.release_params()
+
+    def zero_grad(self) -> None:
+        """Zero every gradient view (and the padding)."""
+        self._flat_grads[...] = 0
+
+    def _all_gather_params(self) -> None:
+        size, shard = self.comm.size, self.layout.shard
+        self.comm.all_gather(self._param_shard, out=self._flat_params.reshape(size, shard))
+
+    def step(self) -> None:
+        """Reduce the gradients, update this rank's shard, all-gather the parameters.
+
+        Collective: every rank of ``comm`` must call it. In stage 3 the parameters are
+        all-gathered only if they are held (inside :meth:`gathered`).
+        """
+        size, shard = self.comm.size, self.layout.shard
+        if self.stage == 1:
+            self.comm.all_reduce(self._flat_grads, op="avg")
+        else:
+            self.comm.reduce_scatter(
+                self._flat_grads.reshape(size, shard), op="avg", out=self._grad_shard
+            )
+        if self._flat_params is not None and self.stage != 3:
+            # Parameters written through the views since the last step are the truth.
+            lo, hi = self.shard_range
+            self._param_shard[...] = self._flat_params[lo:hi]
+        self.optimizer.update(self._param_shard, self._grad_shard, self.state)
+        if self._flat_params is not None:
+            self._all_gather_params()

@@ -1,0 +1,192 @@
+"""Schedule generators: pure functions of (stages, microbatches[, chunks]) returning a Schedule.
+
+``stages`` is the number of pipeline ranks (one model stage per rank and chunk). Accepted
+microbatch counts:
+
+- :func:`gpipe`, :func:`one_f_one_b`, :func:`zero_bubble`, :func:`zero_bubble_h2`: any
+  ``microbatches >= 1``;
+- :func:`interleaved_1f1b`: a positive multiple of ``stages`` (Megatron's rule: the chunks
+  take turns in groups of ``stages`` microbatches).
+"""
+
+from __future__ import annotations
+
+from collectives import InvalidArgumentError
+
+from ._action import Action, B, F, I, Schedule, W
+
+
+def gpipe(stages: int, microbatches: int) -> Schedule:
+    """All forwards, then all backwards (Huang et al., GPipe).
+
+    Peak memory: every rank keeps all ``microbatches`` activations alive.
+
+        >>> print(gpipe(2, 2).to_text())
+        rank 0: 0F0 0F1 0B0 0B1
+        rank 1: 0F0 0F1 0B0 0B1
+    """
+    _check("gpipe", stages, microbatches)
+    row = [Action(0, F, m) for m in range(microbatches)]
+    row += [Action(0, B, m) for m in range(microbatches)]
+    return Schedule(stages, microbatches, 1, tuple(tuple(row) for _ in range(stages)), "gpipe")
+
+
+def one_f_one_b(stages: int, microbatches: int) -> Schedule:
+    """1F1B (PipeDream-flush): rank r warms up with ``stages - 1 - r`` forwards, then alternates.
+
+    Same makespan as GPipe, but rank r keeps at most ``stages - r`` microbatches alive.
+
+        >>> print(one_f_one_b(2, 3).to_text())
+        rank 0: 0F0 0F1 0B0 0F2 0B1 0B2
+        rank 1: 0F0 0B0 0F1 0B1 0F2 0B2
+    """
+    _check("one_f_one_b", stages, microbatches)
+    rows = []
+    for rank in range(stages):
+        warmup = min(stages - 1 - rank, microbatches)
+        row = [Action(0, F, m) for m in range(warmup)]
+        for k in range(microbatches - warmup):
+            row += [Action(0, F, warmup + k), Action(0, B, k)]
+        row += [Action(0, B, m) for m in range(microbatches - warmup, microbatches)]
+        rows.append(tuple(row))
+    return Schedule(stages, microbatches, 1, tuple(rows), "1f1b")
+
+
+def interleaved_1f1b(stages: int, microbatches: int, chunks: int) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al., Megatron-LM): ``chunks`` model chunks per rank.
+
+    Chunk c of rank r is model stage ``c * stages + r``. Microbatches go through the chunks
+    in groups of ``stages``, so ``microbatches`` must be a multiple of ``stages``. With the
+    same total work per rank, the bubble shrinks by a factor ``chunks``.
+
+        >>> print(interleaved_1f1b(2, 2, 2).to_text())
+        rank 0: 0F0 0F1 1F0 1F1 1B0 1B1 0B0 0B1
+        rank 1: 0F0 0F1 1F0 1F1 1B0 1B1 0B0 0B1
+    """
+    _check("interleaved_1f1b", stages, microbatches)
+    if chunks < 1:
+        raise InvalidArgumentError(f"interleaved_1f1b: chunks is {chunks}, expected >= 1")
+    if microbatches % stages:
+        raise InvalidArgumentError(
+            f"interleaved_1f1b: microbatches is {microbatches}, expected a multiple of "
+            f"stages={stages}"
+        )
+    if chunks == 1:
+        return one_f_one_b(stages, microbatches)
+    total = microbatches * chunks
+    rows = []
+    for rank in range(stages):
+        if microbatches == stages:
+            warmup = total  # Megatron: nothing to interleave with, run all forwards first
+        else:
+            warmup = min(2 * (stages - rank - 1) + (chunks - 1) * stages, total)
+        row = [_virtual(k, stages, chunks, F) for k in range(warmup)]
+        for k in range(total - warmup):
+            row += [_virtual(warmup + k, stages, chunks, F), _virtual(k, stages, chunks, B)]
+        row += [_virtual(k, stages, chunks, B) for k in range(total - warmup, total)]
+        rows.append(tuple(row))
+    return Schedule(stages, microbatches, chunks, tuple(rows), f"interleaved-1f1b x{chunks}")
+
+
+def _virtual(k: int, stages: int, chunks: int, kind) -> Action:
+    """The k-th forward (or backward) of a rank in Megatron's interleaved order."""
+    chunk = (k // stages) % chunks
+    if kind is B:
+        chunk = chunks - 1 - chunk
+    microbatch = (k // (stages * chunks)) * stages + k % stages
+    return Action(chunk, kind, microbatch)
+
+
+def zero_bubble(stages: int, microbatches: int) -> Schedule:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): backward split into I and W.
+
+    Forwards (F) and input-gradient halves (I) keep 1F1B's order; the weight-gradient
+    halves (W), which nothing downstream waits for, are deferred into the slots where 1F1B
+    would idle, as long as no rank holds more than ``stages`` microbatches alive (from their
+    forward to their W), 1F1B's peak. At F = I = W that leaves a third of 1F1B's bubble:
+    (stages - 1) units per rank instead of 3 * (stages - 1).
+
+        >>> print(zero_bubble(2, 2).to_text())
+        rank 0: 0F0 0F1 0I0 0W0 0I1 0W1
+        rank 1: 0F0 0I0 0F1 0I1 0W0 0W1
+    """
+    _check("zero_bubble", stages, microbatches)
+    warmup = [stages - rank for rank in range(stages)]
+    rows = _fill_weights(stages, microbatches, warmup, limit=stages)
+    return Schedule(stages, microbatches, 1, rows, "zb-h1")
+
+
+def zero_bubble_h2(stages: int, microbatches: int) -> Schedule:
+    """ZB-H2: as :func:`zero_bubble`, with up to ``2 * stages - 1`` microbatches alive.
+
+    Rank r runs ``2 * (stages - 1 - r) + 1`` forwards before its first I, which fills the
+    start-up bubble; W halves fill the tail. Close to zero bubble for twice 1F1B's memory.
+
+        >>> print(zero_bubble_h2(2, 3).to_text())
+        rank 0: 0F0 0F1 0F2 0I0 0W0 0I1 0W1 0I2 0W2
+        rank 1: 0F0 0I0 0F1 0I1 0F2 0I2 0W0 0W1 0W2
+    """
+    _check("zero_bubble_h2", stages, microbatches)
+    warmup = [2 * (stages - 1 - rank) + 1 for rank in range(stages)]
+    rows = _fill_weights(stages, microbatches, warmup, limit=2 * stages - 1)
+    return Schedule(stages, microbatches, 1, rows, "zb-h2")
+
+
+def _fill_weights(stages: int, microbatches: int, warmup: list[int], limit: int):
+    """F and I in 1F1B order after ``warmup[rank]`` forwards; W wherever that order must wait.
+
+    Played out in unit time steps (F = I = W = 1), every rank deciding at once: the next F
+    or I runs if its input is there (and, for F, fewer than ``limit`` microbatches are
+    alive); otherwise the oldest pending W runs, if any.
+    """
+    orders = []
+    for rank in range(stages):
+        w = min(warmup[rank], microbatches)
+        order = [Action(0, F, m) for m in range(w)]
+        for k in range(microbatches - w):
+            order += [Action(0, I, k), Action(0, F, w + k)]
+        order += [Action(0, I, m) for m in range(microbatches - w, microbatches)]
+        orders.append(order)
+    nxt = [0] * stages  # position in orders[rank]
+    weights = [0] * stages  # W halves done
+    inputs = [0] * stages  # I halves done
+    f_end: dict[tuple[int, int], int] = {}  # (rank, microbatch) -> end time
+    i_end: dict[tuple[int, int], int] = {}
+    rows: list[list[Action]] = [[] for _ in range(stages)]
+    time = 0
+    while any(w < microbatches for w in weights):
+        for r in range(stages):
+            if nxt[r] < len(orders[r]):
+                action = orders[r][nxt[r]]
+                m = action.microbatch
+                if action.kind is F:
+                    ready = (r == 0 or f_end.get((r - 1, m), time + 1) <= time) and (
+                        m - weights[r] < limit
+                    )
+                else:
+                    ready = f_end[(r, m)] <= time and (
+                        r == stages - 1 or i_end.get((r + 1, m), time + 1) <= time
+                    )
+                if ready:
+                    rows[r].append(action)
+                    (f_end if action.kind is F else i_end)[(r, m)] = time + 1
+                    inputs[r] += action.kind is I
+                    nxt[r] += 1
+                    continue
+            if weights[r] < inputs[r]:
+                rows[r].append(Action(0, W, weights[r]))
+                weights[r] += 1
+        time += 1
+    return tuple(tuple(row) for row in rows)
+
+
+def _check(call: str, stages: int, microbatches: int) -> None:
+    if not isinstance(stages, int) or stages < 1:
+        raise InvalidArgumentError(f"{call}: stages is {stages!r}, expected an int >= 1")
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise InvalidArgumentError(
+            f"{call}: microbatches is {microbatches!r}, expected an int >= 1"
+        )
+
+
+__all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "zero_bubble", "zero_bubble_h2"]

@@ -1,0 +1,168 @@
+"""Communication hooks: accuracy bounds against the exact mean, error feedback, convergence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddp import DistributedDataParallel, hooks
+
+WORLD_SIZES = (1, 2, 4)
+SPMD_TIMEOUT = 240
+
+SHAPES = {"w1": (16, 12), "b1": (12,), "w2": (12, 8), "b2": (8,), "conv": (6, 3, 2, 2)}
+
+
+def make(comm, hook, dtype=np.float32, **kw):
+    params = {k: np.zeros(s, dtype) for k, s in SHAPES.items()}
+    kw.setdefault("bucket_cap_mb", 600 / 2**20)
+    return params, DistributedDataParallel(
+        params, comm, hook=hook, first_bucket_cap_mb=100 / 2**20, **kw
+    )
+
+
+def rank_grads(rank, step=0, scale=1.0):
+    out = {}
+    for i, (k, s) in enumerate(SHAPES.items()):
+        out[k] = scale * np.random.default_rng([i, rank, step]).standard_normal(s)
+    return out
+
+
+def exact_mean(size, step=0, scale=1.0):
+    per = [rank_grads(r, step, scale) for r in range(size)]
+    return {k: sum(p[k] for p in per) / size for k in SHAPES}
+
+
+def reduce_once(ddp, comm, step=0, scale=1.0):
+    ddp.zero_grad()
+    for k, g in rank_grads(comm.rank, step, scale).items():
+        ddp.grads[k][...] = g
+    ddp.finish()
+    return {k: ddp.grads[k].astype(np.float64) for k in SHAPES}
+
+
+@pytest.mark.parametrize(
+    "hook, rtol",
+    [(hooks.allreduce, 1e-6), (hooks.fp16_compress, 2e-3), (hooks.bf16_compress, 1.6e-2)],
+)
+def test_cast_hooks_accuracy(comm, hook, rtol):
+    _, ddp = make(comm, hook)
+    assert len(ddp.buckets) > 1
+    got = reduce_once(ddp, comm)
+    want = exact_mean(comm.size)
+    for k in SHAPES:
+        # the error of a rounding is relative to each value's magnitude; bound it by the max
+        err = np.abs(got[k] - want[k]).max()
+        assert err <= rtol * np.abs(want[k]).max() * 2, (k, err)
+    if hook is not hooks.allreduce:
+        assert any(np.abs(got[k] - want[k]).max() > 0 for k in SHAPES)  # really compressed
+
+
+def test_fp16_hook_does_not_overflow_in_half_precision(comm):
+    params = {"h": np.zeros(64, np.float16)}
+    ddp = DistributedDataParallel(params, comm, hook=hooks.fp16_compress)
+    ddp.grads["h"][...] = 60000.0  # near float16's max: a sum before dividing overflows
+    ddp.finish()
+    np.testing.assert_allclose(ddp.grads["h"].astype(np.float64), 60000.0, rtol=1e-3)
+    ddp2 = DistributedDataParallel({"h": np.zeros(64, np.float16)}, comm)
+    ddp2.grads["h"][...] = 60000.0
+    ddp2.finish()
+    assert np.isfinite(ddp2.grads["h"]).all()
+    np.testing.assert_allclose(ddp2.grads["h"].astype(np.float64), 60000.0, rtol=1e-3)
+
+
+def test_powersgd_full_rank_is_exact(comm):
+    hook = hooks.PowerSGD(rank=16, start_iter=0, min_compression_rate=0.0)
+    _, ddp = make(comm, hook, dtype=np.float64)
+    for step in range(2):
+        got = reduce_once(ddp, comm, step)
+        want = exact_mean(comm.size, step)
+        for k in SHAPES:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-9, atol=1e-9, err_msg=k)
+
+
+def test_powersgd_warmup_is_exact_then_compresses(comm):
+    hook = hooks.PowerSGD(rank=1, start_iter=1, min_compression_rate=1.0)
+    _, ddp = make(comm, hook, dtype=np.float64)
+    got = reduce_once(ddp, comm, 0)
+    want = exact_mean(comm.size, 0)
+    for k in SHAPES:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-12, err_msg=k)
+    got = reduce_once(ddp, comm, 1)
+    want = exact_mean(comm.size, 1)
+    # vectors travel exactly; matrices become rank 1
+    np.testing.assert_allclose(got["b1"], want["b1"], rtol=1e-12)
+    assert np.linalg.matrix_rank(got["w1"]) == 1
+    assert not np.allclose(got["w1"], want["w1"])
+
+
+@pytest.mark.parametrize(
+    "hook, bound",
+    [
+        (lambda: hooks.PowerSGD(rank=1, start_iter=0), 0.3),
+        (lambda: hooks.Int8Quantize(chunk_size=16), 1e-3),
+    ],
+)
+def test_error_feedback_average_converges(comm, hook, bound):
+    """With the same gradient every step, error feedback makes the average of what was
+    applied converge to it like 1/steps (without feedback a rank-1 approximation would stay
+    off by a constant)."""
+    _, ddp = make(comm, hook(), dtype=np.float64)
+    want = exact_mean(comm.size)
+    total = {k: np.zeros(s) for k, s in SHAPES.items()}
+    errors = []
+    for step in range(1, 61):
+        got = reduce_once(ddp, comm, 0)
+        for k in SHAPES:
+            total[k] += got[k]
+        if step in (30, 60):
+            errors.append(
+                max(
+                    np.linalg.norm(total[k] / step - want[k]) / np.linalg.norm(want[k])
+                    for k in SHAPES
+                )
+            )
+    assert errors[1] < 0.65 * errors[0], errors
+    assert errors[1] < bound, errors
+    one = reduce_once(ddp, comm, 0)
+    assert max(np.abs(one[k] - want[k]).max() for k in SHAPES) > 1e-6  # lossy each step
+
+
+def test_int8_single_step_bound(comm):
+    hook = hooks.Int8Quantize(chunk_size=8)
+    _, ddp = make(comm, hook)
+    got = reduce_once(ddp, comm)
+    want = exact_mean(comm.size)
+    biggest = max(np.abs(rank_grads(r)[k]).max() for r in range(comm.size) for k in SHAPES)
+    for k in SHAPES:
+        # two quantizations, each off by at most half a step (absmax / 254) per value
+        assert np.abs(got[k] - want[k]).max() <= 2 * biggest / 254 + 1e-6, k
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [lambda: hooks.PowerSGD(rank=2, start_iter=3), lambda: hooks.Int8Quantize(chunk_size=32)],
+)
+def test_compressed_training_converges(comm, hook):
+    """Linear least squares, data sharded over ranks: compressed DDP still fits it."""
+    rng = np.random.default_rng(0)
+    w_true = rng.standard_normal((16, 12)) @ np.diag(np.linspace(1, 0.05, 12))
+    x = rng.standard_normal((96, 16))
+    y = x @ w_true
+    mine = np.array_split(np.arange(96), comm.size)[comm.rank]
+    params = {"w": np.zeros((16, 12)), "b": np.zeros(12)}
+    ddp = DistributedDataParallel(params, comm, hook=hook())
+
+    def loss():
+        return float(((x @ params["w"] + params["b"] - y) ** 2).mean())
+
+    start = loss()
+    for _ in range(150):
+        ddp.zero_grad()
+        r = x[mine] @ params["w"] + params["b"] - y[mine]
+        ddp.grads["w"][...] = 2 * x[mine].T @ r / r.size
+        ddp.grads["b"][...] = 2 * r.sum(axis=0) / r.size
+        ddp.finish()
+        params["w"] -= 0.5 * ddp.grads["w"]
+        params["b"] -= 0.5 * ddp.grads["b"]
+    assert loss() < 1e-2 * start, (start, loss())

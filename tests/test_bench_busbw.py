@@ -1,0 +1,67 @@
+"""nccl-tests' element counts and bandwidth formulas (in-process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._busbw import OPS, algbw_bytes, bandwidths, bus_factor, counts, row_bytes
+from collectives import InvalidArgumentError
+
+# written out by hand from nccl-tests' *GetBw functions, for n = 4 ranks
+FACTOR_4 = {
+    "all_reduce": 1.5, "reduce": 1.0, "broadcast": 1.0, "sendrecv": 1.0, "all_gather": 0.75,
+    "reduce_scatter": 0.75, "all_to_all": 0.75, "gather": 0.75, "scatter": 0.75,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bus_factor(op):
+    assert bus_factor(op, 4) == FACTOR_4[op]
+    assert bus_factor(op, 1) == (1.0 if FACTOR_4[op] == 1.0 else 0.0)
+
+
+def test_bus_factor_all_reduce_two_ranks():
+    assert bus_factor("all_reduce", 2) == 1.0
+    assert bus_factor("all_reduce", 8) == 1.75
+
+
+@pytest.mark.parametrize(
+    "op,expected",
+    [("all_reduce", (256, 256, 256)), ("reduce", (256, 256, 256)),
+     ("broadcast", (256, 256, 256)), ("sendrecv", (256, 256, 256)),
+     ("all_gather", (64, 64, 256)), ("gather", (64, 64, 256)),
+     ("reduce_scatter", (64, 256, 64)), ("scatter", (64, 256, 64)),
+     ("all_to_all", (64, 256, 256))],
+)  # fmt: skip
+def test_counts(op, expected):
+    c = counts(op, 1024, 4, 4)
+    assert (c.count, c.send, c.recv) == expected
+    assert row_bytes(c, 4) == 1024
+
+
+def test_counts_round_down():
+    # 100 bytes of float32 = 25 elements; 6 per rank on 4 ranks; the row says 96 bytes
+    c = counts("all_gather", 100, 4, 4)
+    assert (c.count, c.recv, row_bytes(c, 4)) == (6, 24, 96)
+    assert counts("all_reduce", 7, 4, 2).count == 1
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bandwidths(op):
+    per_rank = op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
+    assert algbw_bytes(op, 100, 8, 4) == 800 * (4 if per_rank else 1)
+    algbw, busbw = bandwidths(op, 1000, 4, 4, 2e-6)
+    assert algbw == pytest.approx(4000 * (4 if per_rank else 1) / 2e-6 / 1e9)
+    assert busbw == pytest.approx(algbw * FACTOR_4[op])
+    assert bandwidths(op, 1000, 4, 4, 0.0) == (0.0, 0.0)
+
+
+def test_unknown_op_and_size():
+    with pytest.raises(InvalidArgumentError, match=r"counts: op must be one of .* got 'allreduce'"):
+        counts("allreduce", 8, 4, 2)
+    with pytest.raises(InvalidArgumentError, match=r"bus_factor: op must be one of"):
+        bus_factor("bcast", 2)
+    with pytest.raises(InvalidArgumentError, match=r"algbw_bytes: op must be one of"):
+        algbw_bytes("bcast", 1, 1, 2)
+    with pytest.raises(InvalidArgumentError, match=r"bus_factor: size must be >= 1, got 0"):
+        bus_factor("all_reduce", 0)

@@ -1,0 +1,124 @@
+"""benchmarks.collective run for real under mpiexec at tiny sizes; its JSON checked.
+
+Every op runs on 2 and 3 ranks in one launch per world size (a driver calls ``main`` once
+per op), and the command line itself runs once with ``--baseline mpi4py`` and ``--plot``.
+Checked: every row's result was verified (#wrong 0) for every form the op has, the sizes
+and counts are nccl-tests', and algbw/busbw follow the formulas written out here by hand.
+No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.spmd_launcher import REPO, mpiexec
+
+OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
+       "gather", "scatter", "sendrecv")  # fmt: skip
+PER_RANK = {"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"}
+# the forms our API has: broadcast is in place only; sendrecv out of place only
+NO_OUT_OF_PLACE = {"broadcast"}
+NO_IN_PLACE = {"sendrecv"}
+TIMEOUT = 180
+
+
+def _factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    return (n - 1) / n if op in PER_RANK else 1.0
+
+
+def _launch(n: int, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(
+            [mpiexec(), "-n", str(n), sys.executable, *argv],
+            cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"benchmark hung on {n} ranks (killed after {TIMEOUT} s): {exc.output}")
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return proc
+
+
+def _check_report(path: Path, op: str, n: int, dtype: str, sizes: list[int], redop: str = "sum"):
+    report = json.loads(path.read_text())
+    meta, rows = report["metadata"], report["rows"]
+    assert (meta["op"], meta["backend"], meta["world_size"]) == (op, "mpi", n)
+    assert meta["versions"]["mpi4py"] and meta["host"] and meta["date"]
+    itemsize = {"float32": 4, "int8": 1, "float16": 2, "int32": 4}[dtype]
+    assert [row["size"] for row in rows] == sizes
+    for row in rows:
+        total = row["size"] // itemsize
+        assert row["count"] == (total // n if op in PER_RANK else total)
+        assert row["type"] == dtype
+        reducing = op in ("all_reduce", "reduce", "reduce_scatter")
+        assert row["redop"] == (redop if reducing else "none")
+        forms = {"out_of_place": op not in NO_OUT_OF_PLACE, "in_place": op not in NO_IN_PLACE}
+        for placement, present in forms.items():
+            cell = row[placement]
+            assert (cell is not None) == present, (op, placement, row)
+            if cell is None:
+                continue
+            assert cell["wrong"] == 0, f"{op} {placement} at {row['size']} B: {cell['wrong']} wrong"
+            nbytes = row["count"] * itemsize * (n if op in PER_RANK else 1)
+            assert cell["time_us"] > 0
+            assert cell["algbw"] == pytest.approx(nbytes / 1e9 / (cell["time_us"] * 1e-6))
+            assert cell["busbw"] == pytest.approx(cell["algbw"] * _factor(op, n))
+    assert report["summary"]["wrong"] == 0
+    return report
+
+
+DRIVER = """
+import sys
+from benchmarks.collective import main
+out, dtype, redop = sys.argv[1:4]
+for op in sys.argv[4:]:
+    rc = main(["--op", op, "-b", "96", "-e", "1536", "-f", "4", "-n", "2", "-w", "1",
+               "-d", dtype, "-o", redop, "-r", "1", "--json", f"{out}/{op}.json"])
+    assert rc == 0, (op, rc)
+"""
+
+
+@pytest.mark.parametrize("n,dtype,redop", [(2, "float32", "sum"), (3, "int8", "max")])
+def test_every_op(tmp_path, n, dtype, redop):
+    _launch(n, ["-c", DRIVER, str(tmp_path), dtype, redop, *OPS], tmp_path)
+    for op in OPS:
+        _check_report(tmp_path / f"{op}.json", op, n, dtype, [96, 384, 1536], redop)
+
+
+def test_command_line_with_baseline_and_plot(tmp_path):
+    out, png = tmp_path / "allreduce.json", tmp_path / "allreduce.png"
+    proc = _launch(
+        2,
+        ["-m", "benchmarks.collective", "--op", "all_reduce", "-b", "8", "-e", "32K", "-f", "16",
+         "-n", "3", "-w", "1", "-R", "2", "-d", "float16", "--baseline", "mpi4py",
+         "--json", str(out), "--plot", str(png)],
+        tmp_path,
+    )  # fmt: skip
+    assert "# Avg bus bandwidth" in proc.stdout and "Out of bounds values : 0 OK" in proc.stdout
+    report = _check_report(out, "all_reduce", 2, "float16", [8, 128, 2048, 32768])
+    assert report["metadata"]["baseline"] == "mpi4py" and report["metadata"]["rounds"] == 2
+    for row in report["rows"]:
+        for placement in ("out_of_place", "in_place"):
+            base = row["baseline"][placement]
+            assert base["wrong"] == 0
+            assert row["ratio"][placement] == pytest.approx(
+                row[placement]["time_us"] / base["time_us"]
+            )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_bad_flag_fails_cleanly(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.collective", "-r", "3"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "root (-r) must be in [0, 1), got 3" in proc.stderr

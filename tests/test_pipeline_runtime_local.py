@@ -1,0 +1,127 @@
+"""pipeline.run without other ranks: one rank holding every chunk, and argument errors."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import collectives as col
+import pipeline
+from pipeline.mlp import Chain, Dense, init_weights, mse
+from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble
+
+
+class FakeComm:
+    """Records sends; enough for checks that fire before anything is received."""
+
+    backend = "mpi"
+
+    def __init__(self, rank, size):
+        self.rank, self.size, self.sent = rank, size, []
+
+    @contextmanager
+    def group(self):
+        yield self
+
+    def send(self, x, peer):
+        self.sent.append((x.copy(), peer))
+
+    def recv(self, x, peer):
+        raise AssertionError("not expected to receive")
+
+
+def unsplit(weights, xs, ts):
+    layers = [
+        Dense(w.copy(), b.copy(), None if i == len(weights) - 1 else "tanh")
+        for i, (w, b) in enumerate(weights)
+    ]
+    chain = Chain(layers)
+    losses = []
+    for m, (x, t) in enumerate(zip(xs, ts)):
+        loss, dy = mse(chain.forward(x, m), t)
+        chain.backward(dy, m)
+        losses.append(loss)
+    return losses, layers
+
+
+@pytest.mark.parametrize("chunks,split", [(3, False), (3, True), (1, True)])
+def test_one_rank_with_chunks_matches_unsplit(chunks, split):
+    m = 4
+    schedule = interleaved_1f1b(1, m, chunks) if not split else zero_bubble(1, m)
+    chunks = schedule.chunks
+    rng = np.random.default_rng(0)
+    weights = init_weights([3] * (chunks + 1), rng)
+    xs = [rng.standard_normal((2, 3)) for _ in range(m)]
+    ts = [rng.standard_normal((2, 3)) for _ in range(m)]
+    want_losses, want_layers = unsplit(weights, xs, ts)
+    layers = [
+        Dense(w.copy(), b.copy(), None if i == chunks - 1 else "tanh")
+        for i, (w, b) in enumerate(weights)
+    ]
+    stages = [Chain([layer]).stage(split=split) for layer in layers]
+    losses = pipeline.run(schedule, FakeComm(0, 1), stages, inputs=xs, targets=ts, loss_fn=mse)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-13)
+    for got, want in zip(layers, want_layers):
+        np.testing.assert_allclose(got.grad_w, want.grad_w, rtol=1e-12)
+        np.testing.assert_allclose(got.grad_b, want.grad_b, rtol=1e-12)
+
+
+STAGE = pipeline.Stage(lambda x, m: x, lambda dy, m: dy)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(comm=FakeComm(0, 3)), r"pipeline.run: comm has size 3, expected schedule.ranks=2"),
+        (
+            dict(stages=[STAGE, STAGE]),
+            r"stages has 2 entries, expected one Stage per chunk \(schedule.chunks=1\)",
+        ),
+        (dict(inputs=None), r"inputs is None on rank 0 \(first stage\), expected 4"),
+        (dict(inputs=[np.zeros(2)]), r"inputs is 1 arrays on rank 0 \(first stage\), expected 4"),
+        (
+            dict(comm=FakeComm(1, 2), targets=None),
+            r"targets is None on rank 1 \(last stage\), expected 4",
+        ),
+        (dict(comm=FakeComm(1, 2), loss_fn=None), r"loss_fn is None on rank 1 \(last stage\)"),
+        (dict(schedule="1f1b"), r"schedule is a str, expected a Schedule"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    args = dict(schedule=one_f_one_b(2, 4), comm=FakeComm(0, 2), stages=[STAGE],
+                inputs=[np.zeros(2)] * 4, targets=[np.zeros(2)] * 4, loss_fn=mse)  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(col.InvalidArgumentError, match=match):
+        pipeline.run(args.pop("schedule"), args.pop("comm"), args.pop("stages"), **args)
+
+
+def test_microbatches_of_different_shapes_are_refused_before_sending():
+    comm = FakeComm(0, 2)
+    xs = [np.zeros((2, 3)), np.zeros((5, 3))]
+    with pytest.raises(
+        col.InvalidArgumentError,
+        match=r"stage 0 output for microbatch 1 has .*\(5, 3\).*expected.*\(2, 3\)",
+    ):
+        pipeline.run(gpipe(2, 2), comm, [STAGE], inputs=xs)
+    header, payload = comm.sent[0][0], comm.sent[1][0]
+    assert list(header[:5]) == [0, 0, 2, 2, 3]  # float64, NumPy, 2 dims: (2, 3)
+    assert payload.shape == (2, 3)
+
+
+def test_unsupported_dtype_is_refused():
+    xs = [np.zeros((2, 3), dtype=bool)]
+    with pytest.raises(
+        col.InvalidArgumentError, match="has dtype bool and 2 dims, expected one of float64"
+    ):
+        pipeline.run(gpipe(2, 1), FakeComm(0, 2), [STAGE], inputs=xs)
+
+
+def test_tied_group_bad_ranks():
+    with pytest.raises(
+        col.InvalidArgumentError, match=r"tied_group: ranks is \[0, 5\], expected ranks in \[0, 2\)"
+    ):
+        pipeline.tied_group(SimpleNamespace(size=2, rank=0), ranks=[0, 5])
+    pipeline.reduce_tied(None, [np.zeros(2)])  # not a holder: nothing to do

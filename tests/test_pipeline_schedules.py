@@ -1,0 +1,118 @@
+"""Schedule generators: every action once, valid order, memory bounds, text round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+import collectives as col
+from pipeline import Action, ActionKind, Schedule
+from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
+
+CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
+
+
+def all_schedules(p, m):
+    out = [gpipe(p, m), one_f_one_b(p, m), zero_bubble(p, m), zero_bubble_h2(p, m)]
+    if m % p == 0:
+        out += [interleaved_1f1b(p, m, c) for c in (1, 2, 3, 4)]
+    return out
+
+
+def peak_alive(row):
+    """Most microbatches alive at once: from a forward to the end of its backward (B or W)."""
+    alive, peak = set(), 0
+    for a in row:
+        if a.kind is ActionKind.F:
+            alive.add((a.chunk, a.microbatch))
+            peak = max(peak, len(alive))
+        elif a.kind in (ActionKind.B, ActionKind.W):
+            alive.discard((a.chunk, a.microbatch))
+    return peak
+
+
+@pytest.mark.parametrize("p,m", CASES)
+def test_every_action_once_and_valid(p, m):
+    for schedule in all_schedules(p, m):
+        split = schedule.splits_backward
+        kinds = "FIW" if split else "FB"
+        want = sorted((c, k, mb) for c in range(schedule.chunks) for k in kinds for mb in range(m))
+        for row in schedule.actions:
+            assert sorted((a.chunk, a.kind.name, a.microbatch) for a in row) == want, schedule.name
+        schedule.validate()
+
+
+@pytest.mark.parametrize("p,m", CASES)
+def test_peak_memory(p, m):
+    for r, row in enumerate(one_f_one_b(p, m).actions):
+        assert peak_alive(row) == min(p - r, m)
+    assert max(peak_alive(row) for row in zero_bubble(p, m).actions) <= p
+    assert max(peak_alive(row) for row in zero_bubble_h2(p, m).actions) <= 2 * p - 1
+    assert all(peak_alive(row) == m for row in gpipe(p, m).actions)
+    if m % p == 0 and m > p:  # Megatron's warm-up: 2(p-1-r) + (chunks-1)p forwards, then 1F1B
+        for r, row in enumerate(interleaved_1f1b(p, m, 2).actions):
+            assert peak_alive(row) == min(2 * (p - 1 - r) + p + 1, 2 * m)
+
+
+def test_interleaved_chunk_order_is_megatrons():
+    s = interleaved_1f1b(2, 4, 2)
+    assert [str(a) for a in s.actions[0]][:8] == [
+        "0F0",
+        "0F1",
+        "1F0",
+        "1F1",
+        "0F2",
+        "1B0",
+        "0F3",
+        "1B1",
+    ]
+    assert s.chunks == 2 and s.stages == 4
+
+
+def test_text_round_trip():
+    for p, m in [(1, 3), (2, 4), (4, 8), (3, 6)]:
+        for schedule in all_schedules(p, m):
+            text = schedule.to_text()
+            back = Schedule.from_text(text, microbatches=m, chunks=schedule.chunks)
+            assert back == schedule
+            for row in schedule.actions:
+                for a in row:
+                    assert Action.parse(str(a)) == a
+
+
+def test_action_text_form():
+    assert str(Action(0, ActionKind.F, 3)) == "0F3"
+    assert Action.parse("12W7") == Action(12, ActionKind.W, 7)
+    assert Action(1, ActionKind.B, 0).stage(rank=2, ranks=4) == 6
+
+
+@pytest.mark.parametrize("text", ["0X3", "F3", "0F", "a", "0F-1", ""])
+def test_bad_action_text(text):
+    with pytest.raises(col.InvalidArgumentError, match="Action.parse: text is"):
+        Action.parse(text)
+
+
+def test_bad_schedule_text():
+    with pytest.raises(col.InvalidArgumentError, match="line 1 is 'oops'"):
+        Schedule.from_text("oops")
+    with pytest.raises(col.InvalidArgumentError, match=r"ranks are \[0, 2\], expected 0..1"):
+        Schedule.from_text("rank 0: 0F0\nrank 2: 0F0")
+    with pytest.raises(
+        col.InvalidArgumentError, match="actions has 1 rank lists, expected ranks=2"
+    ):
+        Schedule(2, 1, 1, ((),))
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: gpipe(0, 4), r"gpipe: stages is 0, expected an int >= 1"),
+        (lambda: one_f_one_b(2, 0), r"one_f_one_b: microbatches is 0, expected an int >= 1"),
+        (lambda: zero_bubble(2.0, 4), r"zero_bubble: stages is 2.0"),
+        (lambda: zero_bubble_h2(2, -1), r"zero_bubble_h2: microbatches is -1"),
+        (lambda: interleaved_1f1b(4, 6, 2), r"microbatches is 6, expected a multiple of stages=4"),
+        (lambda: interleaved_1f1b(2, 4, 0), r"interleaved_1f1b: chunks is 0, expected >= 1"),
+    ],
+)
+def test_bad_arguments(make, match):
+    with pytest.raises(col.InvalidArgumentError, match=match):
+        make()

@@ -1,0 +1,99 @@
+"""Simulation numbers (the textbook results), text grids, PNG pictures."""
+
+from __future__ import annotations
+
+import pytest
+
+import collectives as col
+from pipeline import Schedule, from_trace, grid, simulate
+from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
+
+
+@pytest.mark.parametrize("make", [gpipe, one_f_one_b])
+def test_gpipe_and_1f1b_p4_m8(make):
+    sim = simulate(make(4, 8), forward=1, backward=2)
+    assert sim.makespan == 33
+    assert sim.bubble_fraction == pytest.approx(3 / 11)
+    assert sim.bubble == pytest.approx(4 * 9)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8), (3, 7)])
+def test_bubble_formula(p, m):
+    sim = simulate(one_f_one_b(p, m), forward=1, backward=2)
+    assert sim.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,m,chunks", [(4, 8, 2), (4, 16, 2), (4, 16, 4), (2, 8, 2), (8, 16, 2)])
+def test_interleaving_divides_the_bubble_by_chunks(p, m, chunks):
+    base = simulate(one_f_one_b(p, m), forward=1, backward=2)
+    # the same model cut into `chunks` times as many stages: each chunk does 1/chunks of the work
+    inter = simulate(interleaved_1f1b(p, m, chunks), forward=1 / chunks, backward=2 / chunks)
+    assert inter.bubble / p == pytest.approx(base.bubble / p / chunks)
+    assert sum(inter.busy) == pytest.approx(sum(base.busy))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 16), (8, 32)])
+def test_zero_bubble_h1_has_a_third_of_1f1b_bubble(p, m):
+    base = simulate(one_f_one_b(p, m), forward=1, backward=2)
+    zb = simulate(zero_bubble(p, m), forward=1, backward=2, weight=1)
+    assert zb.bubble == pytest.approx(base.bubble / 3)  # (p-1)(F+I-W) vs (p-1)(F+I+W)
+    assert zb.makespan == 3 * m + p - 1
+    h2 = simulate(zero_bubble_h2(p, m), forward=1, backward=2, weight=1)
+    assert h2.makespan <= zb.makespan
+
+
+def test_split_costs_and_comm_cost():
+    sim = simulate(zero_bubble(1, 2), forward=1, backward=3, weight=1)
+    assert [(str(e.action), e.start, e.end) for e in sim.timeline[0]] == [
+        ("0F0", 0, 1), ("0I0", 1, 3), ("0W0", 3, 4), ("0F1", 4, 5), ("0I1", 5, 7), ("0W1", 7, 8)
+    ]  # fmt: skip
+    plain = simulate(one_f_one_b(2, 1), forward=1, backward=2)
+    hops = simulate(one_f_one_b(2, 1), forward=1, backward=2, comm=0.5)
+    assert hops.makespan == plain.makespan + 2 * 0.5
+
+
+def test_bad_costs():
+    with pytest.raises(col.InvalidArgumentError, match="simulate: forward is -1, expected >= 0"):
+        simulate(gpipe(2, 2), forward=-1)
+    with pytest.raises(col.InvalidArgumentError, match="weight is 3, expected <= backward=2"):
+        simulate(zero_bubble(2, 2), weight=3)
+
+
+def test_cannot_finish():
+    stuck = Schedule.from_text("rank 0: 0B0 0F0\nrank 1: 0F0 0B0")
+    with pytest.raises(col.InvalidArgumentError, match="cannot finish"):
+        simulate(stuck)
+
+
+def test_grids():
+    assert grid(gpipe(2, 2)) == "rank 0 | 0F0 0F1 0B0 0B1\nrank 1 | 0F0 0F1 0B0 0B1"
+    picture = simulate(one_f_one_b(2, 2), forward=1, backward=1).grid()
+    assert picture.splitlines() == [
+        "rank 0 | 0F0 0F1   . 0B0   . 0B1",
+        "rank 1 |   . 0F0 0B0 0F1 0B1   .",
+    ]
+    assert "rank 3" in str(one_f_one_b(4, 4))
+
+
+def test_from_trace():
+    s = one_f_one_b(2, 1)
+    traces = [[(s.actions[0][0], 10.0, 11.0), (s.actions[0][1], 13.0, 15.0)],
+              [(s.actions[1][0], 11.0, 12.0), (s.actions[1][1], 12.0, 13.0)]]  # fmt: skip
+    sim = from_trace(s, traces)
+    assert sim.makespan == 5.0
+    assert sim.bubble_fraction == pytest.approx(1 - 5 / 10)
+
+
+def test_plot_files(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pipeline import plot
+
+    one = plot.schedule(zero_bubble(4, 8), tmp_path / "zb.png")
+    two = plot.timelines(
+        [simulate(one_f_one_b(4, 8)), simulate(interleaved_1f1b(4, 8, 2), 0.5, 1)],
+        tmp_path / "cmp.png",
+        titles=["1F1B", "interleaved"],
+    )
+    for path in (one, two):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert path.stat().st_size > 5000
