@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import platform
@@ -19,7 +20,8 @@ def _version(module: str) -> str | None:
     """The module's version if it is installed, without importing it when it is not loaded."""
     if module in sys.modules or importlib.util.find_spec(module) is not None:
         try:
-            return str(getattr(importlib.import_module(module), "__version__", "unknown"))
+            version = getattr(importlib.import_module(module), "__version__", None)
+            return str(version) if version else importlib.metadata.version(module)
         except Exception:  # a broken optional install must not spoil the report
             return None
     return None
@@ -33,7 +35,7 @@ def library_versions(backend: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": _version("numpy"),
         "mpi4py": _version("mpi4py"),
-        "mpi": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi": " ".join(MPI.Get_library_version().split("\n")[0].split()),
         "collectives": _version("collectives"),
     }
     for module in ("cupy", "torch"):

@@ -254,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             baseline = make_baseline(args.baseline, comm.mpi_comm, xp)
         lead = comm.rank == 0
+        meta = _report.metadata(comm, args, argv)
         rows = run(comm, args, baseline, emit=(lambda s: print(s, flush=True)) if lead else _quiet)
         totals = _table.summary(rows)
-        meta = _report.metadata(comm, args, argv)
         if lead:
             print(_table.footer(totals), flush=True)
             if args.json:

@@ -6,6 +6,9 @@ Example:
     >>> comm.all_reduce(x, op="avg")
 """
 
+import os as _os
+
+from ._abort import abort_on_exception
 from ._arrays import BFloat16Array, array_module, as_bfloat16
 from ._communicator import Communicator
 from ._errors import (
@@ -20,7 +23,11 @@ from ._mesh import DeviceMesh
 from ._ops import ReduceOp
 from ._work import Work
 
+if _os.environ.get("COLLECTIVES_ABORT_ON_EXCEPTION", "0") not in ("", "0"):
+    abort_on_exception()
+
 __all__ = [
+    "abort_on_exception",
     "BFloat16Array",
     "BackendUnavailableError",
     "CollectiveMismatchError",

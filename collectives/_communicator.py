@@ -7,21 +7,27 @@ communication), then hands the same ``(x, out, name, op, root, record)`` to the 
 from __future__ import annotations
 
 import collections
+import json
+import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from . import _timeline
 from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, invalid
 from ._ops import BY_NAME, ReduceOp, parse_op
+from ._progress import ProgressBoard
 from ._work import Work
 
 RECORDER_LENGTH = 64
 _HOST = frozenset({np.ndarray, type(None)})
+_COUNT = [0]  # communicators made in this process: names their timeline tracks
 
 
 class Communicator:
@@ -49,10 +55,9 @@ class Communicator:
         self.mpi_comm = mpi_comm
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
-        local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.local_rank: int = local.Get_rank()
-        self.local_size: int = local.Get_size()
-        local.Free()
+        self._progress: ProgressBoard | None = ProgressBoard(mpi_comm)
+        self.local_rank: int = self._progress.local_rank
+        self.local_size: int = len(self._progress.members)
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
@@ -67,7 +72,12 @@ class Communicator:
         if hasattr(impl, "attach"):
             impl.attach(self)
         self._checker = None
-        self._progress = None
+        self._track = 0
+        if _timeline.TIMELINE is not None:
+            _COUNT[0] += 1
+            self._track = _timeline.TIMELINE.track(
+                f"communicator {_COUNT[0]} ({backend}, size {self.size})"
+            )
         if check:
             from ._check import Checker
 
@@ -127,8 +137,14 @@ class Communicator:
         """
         x, name = unwrap(x, "all_gather")
         shape = (self.size, *x.shape)
-        out = self._new(x, shape) if out is None else self._slot_out("all_gather", out, x, name, shape)
-        return self._run("all_gather", self._impl.all_gather, x, out, name, None, None, async_op, out)
+        out = (
+            self._new(x, shape)
+            if out is None
+            else self._slot_out("all_gather", out, x, name, shape)
+        )
+        return self._run(
+            "all_gather", self._impl.all_gather, x, out, name, None, None, async_op, out
+        )
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
@@ -150,8 +166,12 @@ class Communicator:
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
         x, name = unwrap(x, "all_to_all")
         self._leading("all_to_all", x)
-        out = self._new(x, x.shape) if out is None else self._out("all_to_all", out, x, name, x.shape)
-        return self._run("all_to_all", self._impl.all_to_all, x, out, name, None, None, async_op, out)
+        out = (
+            self._new(x, x.shape) if out is None else self._out("all_to_all", out, x, name, x.shape)
+        )
+        return self._run(
+            "all_to_all", self._impl.all_to_all, x, out, name, None, None, async_op, out
+        )
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
@@ -163,7 +183,9 @@ class Communicator:
         out = self._new(x, shape) if out is None else self._slot_out("gather", out, x, name, shape)
         return self._run("gather", self._impl.gather, x, out, name, None, root, async_op, out)
 
-    def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+    def scatter(
+        self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False
+    ) -> Any:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
         self._root("scatter", root)
@@ -195,7 +217,9 @@ class Communicator:
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
-        return self._run("barrier", self._impl.barrier, None, None, None, None, None, async_op, None)
+        return self._run(
+            "barrier", self._impl.barrier, None, None, None, None, None, async_op, None
+        )
 
     @contextmanager
     def group(self) -> Iterator[Communicator]:
@@ -283,7 +307,7 @@ class Communicator:
             return list(range(self.size))
 
     def progress_report(self) -> str:
-        """Where the other ranks are, when known (filled in by the progress board)."""
+        """Which ranks have not reached this rank's latest call (those on this node)."""
         board = self._progress
         return "" if board is None else board.report()
 
@@ -295,20 +319,28 @@ class Communicator:
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
         if not self._lock.acquire(False):
-            raise invalid(call, "the communicator is in use by another thread; "
-                          "issue collectives on one communicator from one thread at a time")
+            raise invalid(
+                call,
+                "the communicator is in use by another thread; "
+                "issue collectives on one communicator from one thread at a time",
+            )
         try:
             self._seq = seq = self._seq + 1
+            self._progress.post(seq)  # type: ignore[union-attr]
             array = x if x is not None else out
             if self._checker is not None:
                 self._checker.verify(seq, call, array, name, op, root)
-            if self._stages_device_arrays and (type(x) not in _HOST or type(out) not in _HOST) \
-                    and self._impl.needs_staging(x, out):
+            if (
+                self._stages_device_arrays
+                and (type(x) not in _HOST or type(out) not in _HOST)
+                and self._impl.needs_staging(x, out)
+            ):
                 pending = self._impl.staged(verb, x, out, name, op, root)
             else:
                 pending = verb(x, out, name, op, root)
             pending.seq = seq
             pending.call = call
+            pending.track = self._track
             if array is not None:
                 pending.shape = array.shape
                 pending.dtype = name
@@ -333,16 +365,33 @@ class Communicator:
         """Mark the communicator dead after a timeout, abort the backend, raise ``error``."""
         if self._unusable is None:
             self._unusable = error
+            self._dump_flight_record()
             self._impl.abort()
-            if self._progress is not None:
-                self._progress.close()
         raise error
+
+    def flight_record(self) -> list[dict]:
+        """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
+        return [p.as_dict() for p in self.recorder]
+
+    def _dump_flight_record(self) -> None:
+        folder = os.environ.get("COLLECTIVES_FLIGHT_RECORDER")
+        if folder:
+            path = os.path.join(folder, f"flight-recorder.rank{MPI.COMM_WORLD.Get_rank()}.json")
+            with open(path, "w") as f:
+                json.dump(
+                    {"rank": self.rank, "size": self.size, "calls": self.flight_record()},
+                    f,
+                    indent=1,
+                    default=str,
+                )
 
     def _unusable_error(self, call: str) -> CollectivesError:
         reason = self._unusable
         if isinstance(reason, _Closed):
             return invalid(call, f"{reason} (rank {self.rank})")
-        return CollectivesError(f"{call}: communicator is unusable after an earlier error: {reason}")
+        return CollectivesError(
+            f"{call}: communicator is unusable after an earlier error: {reason}"
+        )
 
     def _usable(self, call: str) -> None:
         if self._unusable is not None:
@@ -351,6 +400,7 @@ class Communicator:
     def _free_mpi(self) -> None:
         if self._progress is not None:
             self._progress.close()
+            self._progress = None
         if self.mpi_comm != MPI.COMM_NULL:
             self.mpi_comm.Free()
         if self._checker is not None:
@@ -369,8 +419,11 @@ class Communicator:
         if type(peer) is not int or not 0 <= peer < self.size:
             raise invalid(call, f"peer must be an int in [0, {self.size}), got {peer!r}")
         if peer == self.rank and self._group is None:
-            raise invalid(call, f"peer {peer} is this rank: a {call} to itself outside "
-                          "comm.group() can never complete")
+            raise invalid(
+                call,
+                f"peer {peer} is this rank: a {call} to itself outside "
+                "comm.group() can never complete",
+            )
 
     def _leading(self, call: str, x: Any) -> None:
         if x.ndim == 0 or x.shape[0] != self.size:

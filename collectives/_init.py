@@ -43,8 +43,9 @@ def init(
     if backend == "auto":
         backend = os.environ.get("COLLECTIVES_BACKEND", "auto") or "auto"
         if backend not in BACKENDS:
-            raise invalid("init", f"COLLECTIVES_BACKEND must be one of {', '.join(BACKENDS)}, "
-                          f"got {backend!r}")
+            raise invalid(
+                "init", f"COLLECTIVES_BACKEND must be one of {', '.join(BACKENDS)}, got {backend!r}"
+            )
     if not isinstance(timeout, (int, float)) or not timeout > 0:
         raise invalid("init", f"timeout must be a positive number of seconds, got {timeout!r}")
     if device is not None and (type(device) is not int or device < 0):
@@ -63,11 +64,14 @@ def init(
         elif missing:
             mpi_comm.Free()
             rank, why = missing[0]
-            raise BackendUnavailableError(f"init: backend 'nccl' is unavailable on rank {rank}: {why}")
+            raise BackendUnavailableError(
+                f"init: backend 'nccl' is unavailable on rank {rank}: {why}"
+            )
 
     if backend == "mpi":
-        return Communicator(MpiBackend(mpi_comm), mpi_comm, backend="mpi", timeout=timeout,
-                            check=check)
+        return Communicator(
+            MpiBackend(mpi_comm), mpi_comm, backend="mpi", timeout=timeout, check=check
+        )
 
     from ._nccl import make_nccl_backend
 

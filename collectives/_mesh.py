@@ -6,7 +6,7 @@ The rank-grid math is pure (no communicator) so it can be tested and reasoned ab
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from ._communicator import Communicator
 from ._errors import invalid
@@ -73,11 +73,16 @@ class DeviceMesh:
             raise invalid("DeviceMesh", "shape must name at least one dimension, got {}")
         for name, extent in shape.items():
             if not isinstance(name, str) or type(extent) is not int or extent < 1:
-                raise invalid("DeviceMesh", f"dimension {name!r} must be a str with a positive "
-                              f"int size, got {extent!r}")
+                raise invalid(
+                    "DeviceMesh",
+                    f"dimension {name!r} must be a str with a positive int size, got {extent!r}",
+                )
         if math.prod(shape.values()) != comm.size:
-            raise invalid("DeviceMesh", f"sizes {shape} multiply to {math.prod(shape.values())}, "
-                          f"expected comm.size = {comm.size}")
+            raise invalid(
+                "DeviceMesh",
+                f"sizes {shape} multiply to {math.prod(shape.values())}, "
+                f"expected comm.size = {comm.size}",
+            )
         self.comm = comm
         self.shape = shape
         self.names = tuple(shape)

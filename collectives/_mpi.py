@@ -125,6 +125,7 @@ class MpiPending(Pending):
         self.start = time.monotonic()
         self.end = 0.0
         self.seq = 0
+        self.track = 0
         self.shape = None
         self.nbytes = 0
         self.dtype = None
@@ -254,7 +255,9 @@ class MpiBackend:
 
     def _via_float32(self, verb, x, out, name, op, root):
         wide_x = _decode(x, name)
-        wide_out = None if out is None else (wide_x if out is x else np.empty(out.shape, np.float32))
+        wide_out = (
+            None if out is None else (wide_x if out is x else np.empty(out.shape, np.float32))
+        )
         pending = verb(wide_x, wide_out, "float32", op, root)
         if out is not None:
             pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))

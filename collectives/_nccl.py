@@ -79,8 +79,9 @@ class NcclBackend:
 
     name = "nccl"
 
-    def __init__(self, nccl_comm: Any, rank: int, size: int, device: int, timeout: float,
-                 owner: Any = None):
+    def __init__(
+        self, nccl_comm: Any, rank: int, size: int, device: int, timeout: float, owner: Any = None
+    ):
         import cupy
         from cupy.cuda import nccl
 
@@ -100,8 +101,9 @@ class NcclBackend:
         self._grouped: list[NcclPending] | None = None
         self._front: Any = None
         self._stop = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="collectives-nccl-watchdog",
-                                          daemon=True)
+        self._watchdog = threading.Thread(
+            target=self._watch, name="collectives-nccl-watchdog", daemon=True
+        )
         self._watchdog.start()
 
     # ---------------------------------------------------------------- failure handling
@@ -146,11 +148,17 @@ class NcclBackend:
             if a is None:
                 continue
             if not isinstance(a, self.cupy.ndarray):
-                raise invalid(call, f"{arg} must be a CuPy array on device {self.device} for the "
-                              f"nccl backend, got {type(a).__module__}.{type(a).__name__}")
+                raise invalid(
+                    call,
+                    f"{arg} must be a CuPy array on device {self.device} for the "
+                    f"nccl backend, got {type(a).__module__}.{type(a).__name__}",
+                )
             if a.device.id != self.device:
-                raise invalid(call, f"{arg} is on device {a.device.id}, expected device "
-                              f"{self.device} (the communicator's)")
+                raise invalid(
+                    call,
+                    f"{arg} is on device {a.device.id}, expected device "
+                    f"{self.device} (the communicator's)",
+                )
 
     def _launch(self, arrays, issue, blocking=False) -> NcclPending:
         """Order after the caller's stream, issue the NCCL calls, record completion."""
@@ -191,8 +199,9 @@ class NcclBackend:
     def all_reduce(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         code = self._op(op)
-        pending = self._launch((x, out), lambda s: self.comm.allReduce(
-            x.data.ptr, out.data.ptr, count, dtype, code, s))
+        pending = self._launch(
+            (x, out), lambda s: self.comm.allReduce(x.data.ptr, out.data.ptr, count, dtype, code, s)
+        )
         self._avg_fallback(op, out)
         return pending
 
@@ -200,27 +209,33 @@ class NcclBackend:
         count, dtype = self._count(x, name)
         code = self._op(op)
         target = x if out is None else out
-        pending = self._launch((x, target), lambda s: self.comm.reduce(
-            x.data.ptr, target.data.ptr, count, dtype, code, root, s))
+        pending = self._launch(
+            (x, target),
+            lambda s: self.comm.reduce(x.data.ptr, target.data.ptr, count, dtype, code, root, s),
+        )
         if out is not None:
             self._avg_fallback(op, out)
         return pending
 
     def broadcast(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
-        return self._launch((x,), lambda s: self.comm.broadcast(
-            x.data.ptr, x.data.ptr, count, dtype, root, s))
+        return self._launch(
+            (x,), lambda s: self.comm.broadcast(x.data.ptr, x.data.ptr, count, dtype, root, s)
+        )
 
     def all_gather(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
-        return self._launch((x, out), lambda s: self.comm.allGather(
-            x.data.ptr, out.data.ptr, count, dtype, s))
+        return self._launch(
+            (x, out), lambda s: self.comm.allGather(x.data.ptr, out.data.ptr, count, dtype, s)
+        )
 
     def reduce_scatter(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
         code = self._op(op)
-        pending = self._launch((x, out), lambda s: self.comm.reduceScatter(
-            x.data.ptr, out.data.ptr, count, dtype, code, s))
+        pending = self._launch(
+            (x, out),
+            lambda s: self.comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, code, s),
+        )
         self._avg_fallback(op, out)
         return pending
 
@@ -229,8 +244,13 @@ class NcclBackend:
         count, dtype = self._count(x[0], name) if x.shape[0] else (0, NCCL_TYPE[name])
 
         def issue(s):
-            self._grouped_p2p(s, [(x[j], j) for j in range(self.size)],
-                              [(target[j], j) for j in range(self.size)], count, dtype)
+            self._grouped_p2p(
+                s,
+                [(x[j], j) for j in range(self.size)],
+                [(target[j], j) for j in range(self.size)],
+                count,
+                dtype,
+            )
 
         pending = self._launch((x, out, target), issue)
         if target is not out:
@@ -241,14 +261,16 @@ class NcclBackend:
     def gather(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         receives = [(out[j], j) for j in range(self.size)] if out is not None else []
-        return self._launch((x, out), lambda s: self._grouped_p2p(
-            s, [(x, root)], receives, count, dtype))
+        return self._launch(
+            (x, out), lambda s: self._grouped_p2p(s, [(x, root)], receives, count, dtype)
+        )
 
     def scatter(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
         sends = [(x[j], j) for j in range(self.size)] if x is not None else []
-        return self._launch((x, out), lambda s: self._grouped_p2p(
-            s, sends, [(out, root)], count, dtype))
+        return self._launch(
+            (x, out), lambda s: self._grouped_p2p(s, sends, [(out, root)], count, dtype)
+        )
 
     def send(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
@@ -256,15 +278,18 @@ class NcclBackend:
 
     def recv(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
-        return self._launch((out,), lambda s: self.comm.recv(
-            out.data.ptr, count, dtype, root, s))
+        return self._launch((out,), lambda s: self.comm.recv(out.data.ptr, count, dtype, root, s))
 
     def barrier(self, x, out, name, op, root):
         with self.cupy.cuda.Device(self.device):
             token = self.cupy.zeros(1, self.cupy.int32)
-        return self._launch((token,), lambda s: self.comm.allReduce(
-            token.data.ptr, token.data.ptr, 1, NCCL_TYPE["int32"], NCCL_OP[ReduceOp.SUM], s),
-            blocking=True)
+        return self._launch(
+            (token,),
+            lambda s: self.comm.allReduce(
+                token.data.ptr, token.data.ptr, 1, NCCL_TYPE["int32"], NCCL_OP[ReduceOp.SUM], s
+            ),
+            blocking=True,
+        )
 
     def _grouped_p2p(self, stream, sends, receives, count, dtype) -> None:
         self.nccl.groupStart()

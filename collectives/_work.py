@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from . import _timeline
 from ._errors import CollectiveTimeoutError
 
 
@@ -17,8 +18,19 @@ class Pending:
     The front end fills in ``seq``, ``call`` and what the call moved.
     """
 
-    __slots__ = ("seq", "call", "nbytes", "dtype", "shape", "start", "end", "state", "finish",
-                 "done")
+    __slots__ = (
+        "seq",
+        "call",
+        "nbytes",
+        "dtype",
+        "shape",
+        "start",
+        "end",
+        "state",
+        "finish",
+        "done",
+        "track",
+    )
 
     def __init__(self, finish: Callable[[], None] | None = None):
         self.finish = finish
@@ -28,6 +40,7 @@ class Pending:
         self.end = 0.0
         self.seq = 0
         self.call = "operation"
+        self.track = 0
         self.nbytes = 0
         self.dtype: str | None = None
         self.shape: tuple | None = None
@@ -48,6 +61,8 @@ class Pending:
             finish()
         self.state = "completed"
         self.end = time.monotonic()
+        if _timeline.TIMELINE is not None and self.track:
+            _timeline.TIMELINE.pending(self, self.track)
 
     @property
     def detail(self) -> str:
@@ -71,12 +86,12 @@ class Pending:
 
 def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
     pending.state = "timed out"
-    what = pending.describe()
-    ranks = comm.mpi_comm_world_ranks()
+    recent = "; ".join(f"#{p.seq} {p.call} {p.state}" for p in list(comm.recorder)[-5:])
     return CollectiveTimeoutError(
-        f"{what} on rank {comm.rank} did not complete after {waited:.1f} s "
-        f"(timeout {comm.timeout:g} s); communicator of world ranks {ranks} "
-        f"is aborted. {comm.progress_report()}"
+        f"{pending.describe()} on rank {comm.rank} did not complete after {waited:.1f} s "
+        f"(timeout {comm.timeout:g} s); the communicator (world ranks "
+        f"{comm.mpi_comm_world_ranks()}) is aborted. {comm.progress_report()} "
+        f"Last calls here: {recent}."
     )
 
 

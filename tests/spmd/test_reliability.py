@@ -1,0 +1,108 @@
+"""Timeouts, check mode and the flight recorder, across real ranks."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import collectives as col
+
+WORLD_SIZES = (2, 3)
+
+
+def test_stuck_collective_times_out_naming_call_and_missing_ranks():
+    comm = col.init(timeout=1.0)
+    x = np.ones(3)
+    comm.all_reduce(x)
+    if comm.rank == 0:
+        start = time.monotonic()
+        with pytest.raises(col.CollectiveTimeoutError) as info:
+            comm.all_reduce(x)
+        waited = time.monotonic() - start
+        assert 1.0 <= waited < 3.0  # within timeout + 2 s
+        message = str(info.value)
+        assert "all_reduce #2" in message and "shape (3,)" in message
+        missing = ", ".join(f"rank {r} (at call #1)" for r in range(1, comm.size))
+        assert f"Ranks that have not reached call #2: {missing}" in message
+        with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
+            comm.broadcast(x)
+        assert [c["state"] for c in comm.flight_record()] == ["completed", "timed out"]
+    comm.close()
+
+
+def test_timeout_on_point_to_point_names_recv():
+    comm = col.init(timeout=0.5)
+    if comm.rank == 1:
+        with pytest.raises(col.CollectiveTimeoutError, match=r"recv #1 \(shape \(2,\), int32\)"):
+            comm.recv(np.empty(2, np.int32), 0)
+    comm.close()
+
+
+MISMATCHES = {
+    "op": (lambda c, x: c.all_reduce(x, op="max" if c.rank else "sum"), "op differs"),
+    "shape": (lambda c, x: c.all_reduce(np.ones(3 + c.rank)), "shape differs"),
+    "dtype": (lambda c, x: c.all_reduce(x.astype(np.float32) if c.rank else x), "dtype differs"),
+    "root": (lambda c, x: c.broadcast(x, root=min(c.rank, 1)), "root differs"),
+    "call": (lambda c, x: c.all_reduce(x) if c.rank else c.broadcast(x), "call differs"),
+    "skipped": (lambda c, x: c.barrier() if c.rank else None, None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MISMATCHES))
+def test_check_mode_catches_mismatch_on_every_rank(kind):
+    call, expected = MISMATCHES[kind]
+    comm = col.init(check=True, timeout=5.0)
+    x = np.arange(4.0)
+    comm.all_reduce(x)  # a matching call passes
+    np.testing.assert_array_equal(x, np.arange(4.0) * comm.size)
+    if kind == "skipped":
+        # Rank 0 skips a barrier: its next call meets the others' barrier.
+        call(comm, x)
+        with pytest.raises(col.CollectiveMismatchError) as info:
+            comm.all_reduce(x)
+        assert "call differs (rank 0: all_reduce, rank 1: barrier" in str(info.value)
+    else:
+        with pytest.raises(col.CollectiveMismatchError) as info:
+            call(comm, x)
+        message = str(info.value)
+        assert expected in message
+        assert "rank 0:" in message and "rank 1:" in message
+    comm.close()
+
+
+def test_check_mode_passes_every_matching_verb():
+    comm = col.init(check=True)
+    size, rank = comm.size, comm.rank
+    x = np.full(3, rank, np.float64)
+    assert comm.all_reduce(x.copy())[0] == sum(range(size))
+    comm.reduce(x.copy(), root=size - 1)
+    comm.broadcast(x.copy(), root=1)
+    assert comm.all_gather(x).shape == (size, 3)
+    assert comm.reduce_scatter(np.ones((size, 2)))[0] == size
+    assert comm.all_to_all(np.ones((size, 2))).shape == (size, 2)
+    comm.gather(x, root=0)
+    out = comm.scatter(np.ones((size, 2)) if rank == 0 else None, out=np.empty(2), root=0)
+    assert out.tolist() == [1.0, 1.0]
+    with comm.group():
+        comm.send(x, (rank + 1) % size)
+        comm.recv(np.empty(3), (rank - 1) % size)
+    comm.barrier()
+    comm.close()
+
+
+def test_flight_record_lists_recent_calls():
+    comm = col.init()
+    for _ in range(3):
+        comm.all_reduce(np.ones(5, np.float32))
+    comm.barrier()
+    record = comm.flight_record()
+    assert [(c["seq"], c["call"], c["nbytes"], c["state"]) for c in record] == [
+        (1, "all_reduce", 20, "completed"),
+        (2, "all_reduce", 20, "completed"),
+        (3, "all_reduce", 20, "completed"),
+        (4, "barrier", 0, "completed"),
+    ]
+    assert all(c["duration_s"] >= 0 for c in record)
+    comm.close()

@@ -1,0 +1,124 @@
+"""A world of size 1 without a launcher, and the errors ``col.init`` raises (in-process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives as col
+
+
+@pytest.fixture
+def comm():
+    c = col.init(backend="mpi", timeout=30)
+    yield c
+    c.close()
+
+
+def test_world_of_one(comm):
+    assert (comm.rank, comm.size) == (0, 1)
+    assert (comm.local_rank, comm.local_size) == (0, 1)
+    assert comm.backend == "mpi" and comm.device is None and comm.stream is None
+    assert comm.mpi_comm.Get_size() == 1
+
+
+def test_every_verb_at_size_one(comm):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ref = x.copy()
+    for op in ("sum", "prod", "max", "min", "avg"):
+        y = x.copy()
+        assert comm.all_reduce(y, op=op) is y
+        np.testing.assert_array_equal(y, ref)
+        out = np.empty_like(x)
+        assert comm.reduce(x, 0, op, out=out) is out
+        np.testing.assert_array_equal(out, ref)
+        rs = comm.reduce_scatter(x[None], op=op)
+        np.testing.assert_array_equal(rs, ref)
+    assert comm.broadcast(x, 0) is x
+    np.testing.assert_array_equal(comm.all_gather(x), ref[None])
+    np.testing.assert_array_equal(comm.all_to_all(x[None]), ref[None])
+    np.testing.assert_array_equal(comm.gather(x, 0), ref[None])
+    np.testing.assert_array_equal(comm.scatter(x[None], 0), ref)
+    y = np.zeros_like(x)
+    with comm.group():
+        comm.send(x, 0)
+        comm.recv(y, 0)
+    np.testing.assert_array_equal(y, ref)
+    assert comm.barrier() is None
+    work = comm.all_reduce(x.copy(), op="avg", async_op=True)
+    assert isinstance(work, col.Work)
+    np.testing.assert_array_equal(work.wait(), ref)
+    assert work.is_completed()
+
+
+def test_int_avg_and_bfloat16_at_size_one(comm):
+    x = np.array([-3, 3, 7], np.int32)
+    np.testing.assert_array_equal(comm.all_reduce(x, op="avg"), [-3, 3, 7])
+    bits = np.array([0x3F80, 0xC040], np.uint16)  # 1.0, -3.0
+    comm.all_reduce(col.as_bfloat16(bits), op="sum")
+    np.testing.assert_array_equal(bits, [0x3F80, 0xC040])
+
+
+def test_init_twice_gives_independent_communicators():
+    with col.init(backend="mpi") as a, col.init(backend="mpi") as b:
+        assert a is not b and a.mpi_comm != b.mpi_comm
+        assert a.size == b.size == 1
+    assert a.closed and b.closed
+
+
+@pytest.mark.parametrize("backend", ["gloo", "MPI", "", None, 1])
+def test_init_rejects_bad_backend(backend):
+    with pytest.raises(col.InvalidArgumentError) as info:
+        col.init(backend=backend)
+    message = str(info.value)
+    assert message.startswith("init: backend must be one of auto, nccl, mpi")
+    assert repr(backend) in message
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "10", None, float("nan")])
+def test_init_rejects_bad_timeout(timeout):
+    with pytest.raises(col.InvalidArgumentError) as info:
+        col.init(backend="mpi", timeout=timeout)
+    assert str(info.value).startswith("init: timeout must be a positive number of seconds")
+    assert repr(timeout) in str(info.value)
+
+
+@pytest.mark.parametrize("device", [-1, "0", 1.0])
+def test_init_rejects_bad_device(device):
+    with pytest.raises(col.InvalidArgumentError, match=r"^init: device must be"):
+        col.init(backend="mpi", device=device)
+
+
+def test_init_rejects_bad_environment_backend(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_BACKEND", "tcp")
+    with pytest.raises(col.InvalidArgumentError, match="COLLECTIVES_BACKEND.*'tcp'"):
+        col.init()
+
+
+def test_auto_backend_follows_environment(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_BACKEND", "mpi")
+    with col.init() as comm:
+        assert comm.backend == "mpi"
+
+
+def _nccl_reason() -> str | None:
+    from collectives._nccl import nccl_unavailable_reason
+
+    return nccl_unavailable_reason()
+
+
+@pytest.mark.skipif(_nccl_reason() is None, reason="NCCL is available on this machine")
+def test_nccl_unavailable_is_a_clear_error():
+    with pytest.raises(col.BackendUnavailableError) as info:
+        col.init(backend="nccl")
+    message = str(info.value)
+    assert message.startswith("init: backend 'nccl' is unavailable on rank 0: ")
+    assert message.endswith(_nccl_reason())
+    assert len(_nccl_reason()) > 10
+
+
+@pytest.mark.skipif(_nccl_reason() is None, reason="NCCL is available on this machine")
+def test_auto_falls_back_to_mpi_without_nccl(monkeypatch):
+    monkeypatch.delenv("COLLECTIVES_BACKEND", raising=False)
+    with col.init(backend="auto") as comm:
+        assert comm.backend == "mpi"
