@@ -74,8 +74,10 @@ def divide_in_place(out: Any, size: int) -> None:
     if out.dtype.kind in "fc":
         out /= size
     else:
-        xp = np if isinstance(out, np.ndarray) else __import__("cupy")
-        out[...] = xp.sign(out) * (xp.abs(out) // size)
+        # Floor division corrected toward zero (abs() would overflow the minimum integer).
+        quotient = out // size
+        quotient += ((out % size) != 0) & (out < 0)
+        out[...] = quotient
 
 
 def bfloat16_to_float32(bits: Any) -> Any:
@@ -86,8 +88,11 @@ def bfloat16_to_float32(bits: Any) -> Any:
 def float32_to_bfloat16(values: Any, out: Any) -> None:
     """Round float32 to bfloat16 bits (round to nearest even), written into uint16 ``out``."""
     xp = np if isinstance(values, np.ndarray) else __import__("cupy")
-    b = values.view(xp.uint32)
-    out[...] = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(xp.uint16)
+    b = values.view(xp.uint32).astype(xp.uint64)  # uint64: the rounding add cannot wrap
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(xp.uint16)
+    # NaNs stay (quiet) NaNs: rounding would carry their payload into the exponent.
+    quiet_nan = ((b >> 16) | 0x0040).astype(xp.uint16)
+    out[...] = xp.where(values != values, quiet_nan, rounded)
 
 
 def _decode(x: Any, name: str) -> Any:

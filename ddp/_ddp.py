@@ -15,6 +15,7 @@ import numpy as np
 from collectives import CollectiveMismatchError, array_module
 from collectives._arrays import to_array
 from collectives._errors import invalid
+from collectives.timeline import span as timeline_span
 
 from . import hooks as _hooks
 from ._buckets import Bucket, assign_buckets, make_buckets
@@ -157,6 +158,7 @@ class DistributedDataParallel:
         self._marked: set[str] = set()
         self._missing = [len(b.names) for b in self.buckets]
         self._works: list[Any] = [None] * len(self.buckets)
+        self._launched_at: list[float] = [0.0] * len(self.buckets)
         self._next = 0
         self._clock = _Clock(self._xp, comm)
         self._stats = DDPStats(buckets=[BucketStats(b.index, b.nbytes) for b in self.buckets])
@@ -288,6 +290,7 @@ class DistributedDataParallel:
             # the hook averages, so scale by weight * size to get the weighted sum
             bucket.buffer *= bucket.dtype.type(weight * self.comm.size)
         self._clock.mark(index, "start")
+        self._launched_at[index] = time.monotonic()
         self._works[index] = self.hook(self.comm, bucket)
         self._next = index + 1
 
@@ -295,6 +298,7 @@ class DistributedDataParallel:
         self._marked.clear()
         self._missing = [len(b.names) for b in self.buckets]
         self._works = [None] * len(self.buckets)
+        self._launched_at = [0.0] * len(self.buckets)
         self._next = 0
 
     def finish(self) -> None:
@@ -320,6 +324,9 @@ class DistributedDataParallel:
         for index, work in enumerate(self._works):
             work.wait()
             self._clock.mark(index, "end")
+            bucket = self.buckets[index]
+            timeline_span("ddp buckets", f"bucket {index}", self._launched_at[index],
+                          time.monotonic(), bytes=bucket.nbytes, dtype=str(bucket.dtype))
         waited = time.perf_counter() - t0
         self._stats.wait_s = waited
         self._stats.total_wait_s += waited

@@ -41,13 +41,15 @@ def test_uncaught_exception_aborts_the_whole_job(tmp_path):
 
 def test_timeline_files_and_merge(tmp_path):
     script = """
-import collectives as col, numpy as np, time
-from collectives.timeline import span
+import collectives as col, numpy as np
+from ddp import DistributedDataParallel
 comm = col.init()
 for _ in range(3):
     comm.all_reduce(np.ones(8))
-t0 = time.monotonic()
-span("ddp", "bucket 0", t0, t0 + 0.001, bytes=64)
+ddp = DistributedDataParallel({"w": np.ones(4), "b": np.ones(2)}, comm, bucket_cap_mb=1e-5,
+                              first_bucket_cap_mb=1e-5)
+ddp.zero_grad()
+ddp.finish()
 comm.close()
 """
     base = tmp_path / "trace"
@@ -62,7 +64,8 @@ comm.close()
     events = json.loads(merged.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
     assert sorted({e["pid"] for e in spans}) == [0, 1]
-    assert sum(e["name"] == "all_reduce" for e in spans) == 6
-    assert sum(e["name"] == "bucket 0" for e in spans) == 2
+    assert sum(e["name"] == "all_reduce" and e["args"]["bytes"] == 64 for e in spans) == 6
+    buckets = [e for e in spans if e["name"].startswith("bucket ")]
+    assert sorted(e["name"] for e in buckets) == ["bucket 0", "bucket 0", "bucket 1", "bucket 1"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
-    assert {"rank 0", "rank 1", "ddp"} <= names
+    assert {"rank 0", "rank 1", "ddp buckets"} <= names

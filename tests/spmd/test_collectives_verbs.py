@@ -1,0 +1,422 @@
+"""Every verb x dtype x op against NumPy references: in place and out of place, sync and async.
+
+Each rank's input is a deterministic function of (rank, index), so every rank can compute
+every other rank's input and the reference result. Values are small integers (and products
+of 1s and 2s), exact in every dtype including float16 and bfloat16; only AVG of floating
+types can round, and it is compared with a tolerance of the dtype's precision.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import collectives as col
+
+WORLD_SIZES = (1, 2, 3, 4)
+SPMD_TIMEOUT = 300
+
+DTYPES = (
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "uint8",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "complex64",
+    "complex128",
+    "bfloat16",
+)
+REAL_OPS = ("sum", "prod", "max", "min", "avg")
+COMPLEX_OPS = ("sum", "avg")
+# sync: the call returns the result; the others pass async_op=True and finish the Work
+# through wait(), synchronize(), or polling is_completed() and reading .result.
+MODES = ("sync", "wait", "synchronize", "poll")
+# (shape, mode): every mode on a 2-D array, then empty, 0-d and 3-D arrays.
+CASES = [((2, 3), mode) for mode in MODES] + [((0,), "sync"), ((), "wait"), ((3, 1, 2), "poll")]
+# Relative tolerance of AVG for floating dtypes (division by 3 rounds).
+AVG_RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "complex64": 1e-6}
+
+
+def ops_for(name: str) -> tuple[str, ...]:
+    return COMPLEX_OPS if name.startswith("complex") else REAL_OPS
+
+
+def is_int(name: str) -> bool:
+    return "int" in name
+
+
+def values(name: str, shape: tuple, rank: int, op: str = "sum") -> np.ndarray:
+    """The logical values rank ``rank`` holds (float64 or complex128): small exact integers."""
+    idx = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    signed = not name.startswith("uint")
+    if op == "prod":  # 1s and 2s (and signs): a product over 4 ranks stays within int8
+        v = 1 + (rank + idx) % 2
+        if signed:
+            v = np.where((rank + 2 * idx) % 3 == 0, -v, v)
+    else:  # distinct per rank at index 0, so misplaced data shows
+        v = (rank * 5 + idx * 3) % 11 - (5 if signed else 0)
+    v = v.astype(np.float64)
+    if name.startswith("complex"):
+        v = v + 1j * ((rank * 3 + idx * 5) % 7 - 3)
+    return v
+
+
+def encode(v: np.ndarray, name: str) -> np.ndarray:
+    """Logical values -> the storage array a rank passes (uint16 bits for bfloat16)."""
+    v = np.asarray(v)  # a 0-d slice of the stack is a NumPy scalar, not an array
+    if name == "bfloat16":
+        bits = v.astype(np.float32).view(np.uint32)
+        assert not np.any(bits & 0xFFFF), "test values must be exact in bfloat16"
+        return np.asarray(bits >> 16).astype(np.uint16)
+    return v.astype(name)
+
+
+def decode(a: np.ndarray, name: str) -> np.ndarray:
+    if name == "bfloat16":
+        assert a.dtype == np.uint16
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert a.dtype == np.dtype(name), f"result has dtype {a.dtype}, expected {name}"
+    return a.astype(np.complex128 if name.startswith("complex") else np.float64)
+
+
+def wrap(a: np.ndarray, name: str):
+    return col.as_bfloat16(a) if name == "bfloat16" else a
+
+
+def reference(stack: np.ndarray, op: str, name: str) -> np.ndarray:
+    """The reduction over axis 0 (the ranks); integer AVG truncates toward zero (as NCCL)."""
+    if op == "sum":
+        return stack.sum(0)
+    if op == "prod":
+        return stack.prod(0)
+    if op == "max":
+        return stack.max(0)
+    if op == "min":
+        return stack.min(0)
+    mean = stack.sum(0) / stack.shape[0]
+    return np.trunc(mean) if is_int(name) else mean
+
+
+def check(actual: np.ndarray, expected: np.ndarray, name: str, op: str, what: str) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    got = decode(actual, name)
+    if op == "avg" and not is_int(name):
+        rtol = AVG_RTOL.get(name, 1e-12)
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=0, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=what)
+
+
+def finish(ret, mode: str, what: str):
+    """The call's result: returned directly (sync) or through the Work (async)."""
+    if mode == "sync":
+        assert not isinstance(ret, col.Work), what
+        return ret
+    assert isinstance(ret, col.Work), f"{what}: async_op=True returned {type(ret).__name__}"
+    if mode == "wait":
+        result = ret.wait()
+    elif mode == "synchronize":
+        result = ret.synchronize()
+    else:
+        deadline = time.monotonic() + 20
+        while not ret.is_completed():
+            assert time.monotonic() < deadline, f"{what}: is_completed() never became true"
+            time.sleep(0)
+        result = ret.result
+        assert ret.wait() is result
+    assert ret.is_completed(), what
+    assert ret.result is result, what
+    return result
+
+
+def op_arg(op: str, i: int):
+    """Alternate between the string and the enum spellings (and upper case) of an op."""
+    return (op, col.ReduceOp[op.upper()], op.upper())[i % 3]
+
+
+def reduction_cases():
+    for name in DTYPES:
+        for op in ops_for(name):
+            for shape, mode in CASES:
+                yield name, op, shape, mode
+
+
+def test_all_reduce(comm):
+    size, rank = comm.size, comm.rank
+    for i, (name, op, shape, mode) in enumerate(reduction_cases()):
+        what = f"all_reduce {name} op={op} shape={shape} {mode}"
+        stack = np.stack([values(name, shape, r, op) for r in range(size)])
+        expected = reference(stack, op, name)
+        mine = encode(stack[rank], name)
+        asynchronous = mode != "sync"
+
+        x = mine.copy()
+        got = finish(comm.all_reduce(wrap(x, name), op_arg(op, i), async_op=asynchronous), mode, what)
+        assert got is x, f"{what}: in place returns x"
+        check(x, expected, name, op, what + " in place")
+
+        x, out = mine.copy(), np.zeros_like(mine)
+        ret = comm.all_reduce(wrap(x, name), op_arg(op, i + 1), out=wrap(out, name), async_op=asynchronous)
+        assert finish(ret, mode, what) is out
+        check(out, expected, name, op, what + " out of place")
+        np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+
+
+def test_reduce(comm):
+    size, rank = comm.size, comm.rank
+    for i, (name, op, shape, mode) in enumerate(reduction_cases()):
+        root = size - 1 if i % 4 else 0
+        what = f"reduce {name} op={op} shape={shape} {mode} root={root}"
+        stack = np.stack([values(name, shape, r, op) for r in range(size)])
+        expected = reference(stack, op, name)
+        mine = encode(stack[rank], name)
+        asynchronous = mode != "sync"
+
+        x = mine.copy()
+        ret = comm.reduce(wrap(x, name), root, op_arg(op, i), async_op=asynchronous)
+        got = finish(ret, mode, what)
+        if rank == root:
+            assert got is x
+            check(x, expected, name, op, what + " in place")
+
+        x, out = mine.copy(), np.zeros_like(mine)
+        ret = comm.reduce(wrap(x, name), root=root, op=op, out=wrap(out, name), async_op=asynchronous)
+        got = finish(ret, mode, what)
+        np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+        if rank == root:
+            assert got is out
+            check(out, expected, name, op, what + " out of place")
+
+
+def test_broadcast(comm):
+    size, rank = comm.size, comm.rank
+    for i, name in enumerate(DTYPES):
+        for shape, mode in CASES:
+            root = size - 1 if i % 3 else 0
+            what = f"broadcast {name} shape={shape} {mode} root={root}"
+            expected = values(name, shape, root)
+            x = encode(values(name, shape, rank), name)
+            ret = comm.broadcast(wrap(x, name), root, async_op=mode != "sync")
+            assert finish(ret, mode, what) is x
+            check(x, expected, name, "sum", what)
+
+
+def test_all_gather(comm):
+    size, rank = comm.size, comm.rank
+    for name in DTYPES:
+        for shape, mode in CASES:
+            what = f"all_gather {name} shape={shape} {mode}"
+            stack = np.stack([values(name, shape, r) for r in range(size)])
+            mine = encode(stack[rank], name)
+            asynchronous = mode != "sync"
+
+            got = finish(comm.all_gather(wrap(mine.copy(), name), async_op=asynchronous), mode, what)
+            check(got, stack, name, "sum", what + " new out")
+
+            out = np.zeros((size, *shape), mine.dtype)
+            ret = comm.all_gather(wrap(mine, name), out=wrap(out, name), async_op=asynchronous)
+            assert finish(ret, mode, what) is out
+            check(out, stack, name, "sum", what + " out given")
+
+            out = np.zeros((size, *shape), mine.dtype)
+            out[rank] = mine
+            ret = comm.all_gather(wrap(out[rank], name), out=wrap(out, name), async_op=asynchronous)
+            assert finish(ret, mode, what) is out
+            check(out, stack, name, "sum", what + " in place (x = out[rank])")
+
+
+def test_reduce_scatter(comm):
+    size, rank = comm.size, comm.rank
+    for i, (name, op, shape, mode) in enumerate(reduction_cases()):
+        what = f"reduce_scatter {name} op={op} shape={shape} {mode}"
+        full = (size, *shape)
+        stack = np.stack([values(name, full, r, op) for r in range(size)])
+        expected = reference(stack, op, name)[rank]
+        mine = encode(stack[rank], name)
+        asynchronous = mode != "sync"
+
+        x = mine.copy()
+        got = finish(comm.reduce_scatter(wrap(x, name), op_arg(op, i), async_op=asynchronous), mode, what)
+        check(got, expected, name, op, what + " new out")
+
+        x, out = mine.copy(), np.zeros(shape, mine.dtype)
+        ret = comm.reduce_scatter(wrap(x, name), op, out=wrap(out, name), async_op=asynchronous)
+        assert finish(ret, mode, what) is out
+        check(out, expected, name, op, what + " out given")
+        np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+
+        x = mine.copy()
+        ret = comm.reduce_scatter(wrap(x, name), op, out=wrap(x[rank], name), async_op=asynchronous)
+        finish(ret, mode, what)
+        check(x[rank], expected, name, op, what + " in place (out = x[rank])")
+
+
+def test_all_to_all(comm):
+    size, rank = comm.size, comm.rank
+    for name in DTYPES:
+        for shape, mode in CASES:
+            what = f"all_to_all {name} shape={shape} {mode}"
+            full = (size, *shape)
+            stack = np.stack([values(name, full, r) for r in range(size)])
+            expected = stack[:, rank]  # out[j] is x[rank] of rank j
+            mine = encode(stack[rank], name)
+            asynchronous = mode != "sync"
+
+            got = finish(comm.all_to_all(wrap(mine.copy(), name), async_op=asynchronous), mode, what)
+            check(got, expected, name, "sum", what + " new out")
+
+            x, out = mine.copy(), np.zeros_like(mine)
+            ret = comm.all_to_all(wrap(x, name), out=wrap(out, name), async_op=asynchronous)
+            assert finish(ret, mode, what) is out
+            check(out, expected, name, "sum", what + " out given")
+            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+
+            x = mine.copy()
+            ret = comm.all_to_all(wrap(x, name), out=wrap(x, name), async_op=asynchronous)
+            finish(ret, mode, what)
+            check(x, expected, name, "sum", what + " in place (out = x)")
+
+
+def test_gather(comm):
+    size, rank = comm.size, comm.rank
+    for i, name in enumerate(DTYPES):
+        for shape, mode in CASES:
+            root = size - 1 if i % 3 else 0
+            what = f"gather {name} shape={shape} {mode} root={root}"
+            stack = np.stack([values(name, shape, r) for r in range(size)])
+            mine = encode(stack[rank], name)
+            asynchronous = mode != "sync"
+
+            got = finish(comm.gather(wrap(mine, name), root, async_op=asynchronous), mode, what)
+            if rank == root:
+                check(got, stack, name, "sum", what + " new out")
+            else:
+                assert got is None, f"{what}: returned {got!r} off root"
+
+            out = np.zeros((size, *shape), mine.dtype) if rank == root else None
+            ret = comm.gather(
+                wrap(mine, name), root=root, out=out if out is None else wrap(out, name),
+                async_op=asynchronous,
+            )
+            got = finish(ret, mode, what)
+            if rank == root:
+                assert got is out
+                check(out, stack, name, "sum", what + " out given")
+
+            if rank == root:
+                out = np.zeros((size, *shape), mine.dtype)
+                out[root] = mine
+                x = out[root]
+            else:
+                out, x = None, mine
+            ret = comm.gather(
+                wrap(x, name), root, out=out if out is None else wrap(out, name),
+                async_op=asynchronous,
+            )
+            finish(ret, mode, what)
+            if rank == root:
+                check(out, stack, name, "sum", what + " in place (x = out[root])")
+
+
+def test_scatter(comm):
+    size, rank = comm.size, comm.rank
+    for i, name in enumerate(DTYPES):
+        for shape, mode in CASES:
+            root = size - 1 if i % 3 else 0
+            what = f"scatter {name} shape={shape} {mode} root={root}"
+            full = (size, *shape)
+            source = values(name, full, root)
+            expected = source[rank]
+            # Off root, x only supplies the shape and dtype: give it different contents.
+            x = encode(source if rank == root else values(name, full, rank + 1), name)
+            asynchronous = mode != "sync"
+
+            got = finish(comm.scatter(wrap(x, name), root, async_op=asynchronous), mode, what)
+            check(got, expected, name, "sum", what + " new out")
+
+            out = np.zeros(shape, x.dtype)
+            send = wrap(x, name) if rank == root else None
+            ret = comm.scatter(send, root=root, out=wrap(out, name), async_op=asynchronous)
+            assert finish(ret, mode, what) is out
+            check(out, expected, name, "sum", what + " out given")
+
+            if rank == root:
+                x = x.copy()
+                ret = comm.scatter(wrap(x, name), root, out=wrap(x[root], name), async_op=asynchronous)
+                finish(ret, mode, what)
+                check(x[root], expected, name, "sum", what + " in place (out = x[root])")
+                check(x, source, name, "sum", what + " in place leaves x")
+            else:
+                out = np.zeros(shape, x.dtype)
+                ret = comm.scatter(out=wrap(out, name), root=root, async_op=asynchronous)
+                finish(ret, mode, what)
+                check(out, expected, name, "sum", what + " out only")
+
+
+def test_send_recv_ring_in_group(comm):
+    size, rank = comm.size, comm.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for name in DTYPES:
+        for shape, mode in CASES:
+            what = f"send/recv ring {name} shape={shape} {mode}"
+            mine = encode(values(name, shape, rank), name)
+            got = np.zeros_like(mine)
+            asynchronous = mode != "sync"
+            with comm.group():
+                sent = comm.send(wrap(mine, name), right, async_op=asynchronous)
+                received = comm.recv(wrap(got, name), left, async_op=asynchronous)
+            if asynchronous:
+                assert finish(sent, mode, what) is None
+                assert finish(received, mode, what) is got
+            else:
+                assert sent is None and received is got
+            check(got, values(name, shape, left), name, "sum", what)
+
+
+def test_send_recv_pairs_without_group(comm):
+    """Even ranks talk to the next odd rank with plain (unbatched) calls, both directions."""
+    size, rank = comm.size, comm.rank
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    if peer >= size:
+        return  # the last rank of an odd world sits out
+    for name in DTYPES:
+        for shape, mode in CASES:
+            what = f"send/recv pair {name} shape={shape} {mode}"
+            asynchronous = mode != "sync"
+            mine = encode(values(name, shape, rank), name)
+            got = np.zeros_like(mine)
+            # Even ranks send first; odd ranks receive first: no deadlock with blocking calls.
+            if rank % 2 == 0:
+                finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
+                finish(comm.recv(wrap(got, name), peer, async_op=asynchronous), mode, what)
+            else:
+                finish(comm.recv(wrap(got, name), peer, async_op=asynchronous), mode, what)
+                finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
+            check(got, values(name, shape, peer), name, "sum", what)
+
+
+def test_async_calls_overlap(comm):
+    """Several async calls in flight at once, finished in reverse order."""
+    size, rank = comm.size, comm.rank
+    xs = [np.full(5, rank + k, np.int64) for k in range(4)]
+    works = [comm.all_reduce(x, async_op=True) for x in xs]
+    gathered = comm.all_gather(np.array([rank], np.int32), async_op=True)
+    barrier = comm.barrier(async_op=True)
+    assert barrier.synchronize() is None and barrier.is_completed()
+    np.testing.assert_array_equal(gathered.wait(), np.arange(size)[:, None])
+    for k, work in reversed(list(enumerate(works))):
+        assert work.wait() is xs[k]
+        np.testing.assert_array_equal(xs[k], sum(r + k for r in range(size)))
+
+
+def test_barrier(comm):
+    for _ in range(3):
+        assert comm.barrier() is None
+    work = comm.barrier(async_op=True)
+    assert isinstance(work, col.Work)
+    assert work.wait() is None and work.is_completed()
