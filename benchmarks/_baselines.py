@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import InvalidArgumentError
+from collectives import BackendUnavailableError, InvalidArgumentError
 
 from ._case import Case
 from ._ours import Built
@@ -359,6 +359,16 @@ def _rendezvous() -> str:
 
 def make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:
     """The baseline ``name`` over the world of ``mpi_comm``, for arrays of module ``xp``."""
+    try:
+        return _make_baseline(name, mpi_comm, xp)
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"benchmark: --baseline {name} needs {exc.name or 'a module'}, which is not "
+            f"importable here ({exc})"
+        ) from exc
+
+
+def _make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:
     gpu = xp is not np
     if name == "mpi4py":
         if gpu:

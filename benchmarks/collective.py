@@ -120,22 +120,56 @@ def measure_size(
     if c.count == 0:
         return None
     sync = _synchronizer(xp)
-    placements = _table.PLACEMENTS
+    # ours and the baseline share these buffers: same memory, same pages, same cache state
     cases = {
         p: Case(op, p == "in_place", args.redop, dtype, c.count, args.root, comm.rank, n, xp)
-        for p in placements
+        for p in _table.PLACEMENTS
     }
-    # (runner index, placement) -> (call, result); our calls and the baseline's interleave
-    built = {}
-    for p in placements:
-        for k, runner in enumerate(runners):
-            b = runner.build(cases[p])
-            if b is not None:
-                built[k, p] = b
-    keys = list(built)
-    wrong = np.zeros(len(keys), np.int64)
-    for j, (k, p) in enumerate(keys):
-        call, result = built[k, p]
+    # (runner index, placement) -> (call, result), for the forms each runner has
+    built = {
+        (k, p): b
+        for p in _table.PLACEMENTS
+        for k, runner in enumerate(runners)
+        if (b := runner.build(cases[p])) is not None
+    }
+    wrong = _check_and_warm_up(built, cases, args, sync)
+    seconds = _time_rounds(built, args, sync, mpi.Barrier)
+    mpi.Allreduce(MPI.IN_PLACE, seconds, MPI.SUM)
+    mpi.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
+    seconds /= n  # the mean over ranks, as nccl-tests reports
+    pick = statistics.median if args.stat == "median" else min
+    cells = {
+        key: _cell(op, c.count, dtype, n, pick(seconds[:, j].tolist()),
+                   int(wrong[j]) if args.check else None)
+        for j, key in enumerate(built)
+    }  # fmt: skip
+    row: dict[str, Any] = {
+        "size": row_bytes(c, dtype.itemsize),
+        "count": c.count,
+        "type": dtype.name,
+        "redop": args.redop if op in REDUCING else "none",
+        "root": args.root if op in ROOTED else -1,
+    }
+    for p in _table.PLACEMENTS:
+        row[p] = cells.get((0, p))
+    if len(runners) > 1:
+        row["baseline"] = {"name": runners[1].name}
+        row["ratio"] = {}
+        for p in _table.PLACEMENTS:
+            ours, base = cells.get((0, p)), cells.get((1, p))
+            row["baseline"][p] = base
+            row["ratio"][p] = (
+                ours["time_us"] / base["time_us"]
+                if ours is not None and base is not None and base["time_us"] > 0
+                else None
+            )
+    return row
+
+
+def _check_and_warm_up(built: dict, cases: dict, args: argparse.Namespace, sync) -> np.ndarray:
+    """Run each form once on fresh data and count wrong elements; then the warm-up calls."""
+    wrong = np.zeros(len(built), np.int64)
+    for j, ((_, p), (call, result)) in enumerate(built.items()):
         cases[p].reset()
         sync()
         call()
@@ -145,42 +179,20 @@ def measure_size(
         for _ in range(args.warmup_iters):
             call()
         sync()
+    return wrong
+
+
+def _time_rounds(built: dict, args: argparse.Namespace, sync, barrier) -> np.ndarray:
+    """Seconds per call, (rounds, forms): ours and the baseline alternate, block by block."""
+    keys = list(built)
     seconds = np.zeros((args.rounds, len(keys)))
     for r in range(args.rounds):
-        for p in placements:
-            # odd rounds run the baseline first, so that neither side always follows the other
+        for p in _table.PLACEMENTS:
             js = [j for j, key in enumerate(keys) if key[1] == p]
+            # odd rounds run the baseline first, so that neither side always follows the other
             for j in js if r % 2 == 0 else reversed(js):
-                seconds[r, j] = _time_block(built[keys[j]][0], args.iters, sync, mpi.Barrier)
-    mpi.Allreduce(MPI.IN_PLACE, seconds, MPI.SUM)
-    mpi.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
-    seconds /= n
-    pick = statistics.median if args.stat == "median" else min
-    cells: dict[tuple[int, str], dict] = {
-        key: _cell(
-            op, c.count, dtype, n, pick(seconds[:, j].tolist()),
-            int(wrong[j]) if args.check else None,
-        )
-        for j, key in enumerate(keys)
-    }  # fmt: skip
-    row: dict[str, Any] = {
-        "size": row_bytes(c, dtype.itemsize),
-        "count": c.count,
-        "type": dtype.name,
-        "redop": args.redop if op in REDUCING else "none",
-        "root": args.root if op in ROOTED else -1,
-    }
-    for p in placements:
-        row[p] = cells.get((0, p))
-    if len(runners) > 1:
-        row["baseline"] = {"name": runners[1].name}
-        row["ratio"] = {}
-        for p in placements:
-            ours, base = cells.get((0, p)), cells.get((1, p))
-            row["baseline"][p] = base
-            both = ours and base and base["time_us"] > 0
-            row["ratio"][p] = ours["time_us"] / base["time_us"] if both else None
-    return row
+                seconds[r, j] = _time_block(built[keys[j]][0], args.iters, sync, barrier)
+    return seconds
 
 
 def run(

@@ -22,6 +22,11 @@ class BFloat16Array:
     __slots__ = ("array",)
 
     def __init__(self, array: Any):
+        if not (isinstance(array, np.ndarray) or is_device_array(array)):
+            raise invalid(
+                "as_bfloat16",
+                f"array must be a NumPy or CuPy uint16 array, got {type(array).__name__}",
+            )
         if array.dtype != np.uint16:
             raise invalid("as_bfloat16", f"array has dtype {array.dtype}, expected uint16")
         self.array = array
@@ -111,7 +116,9 @@ def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tu
         raise invalid(call, f"out has dtype {out_name}, expected {x_name} (the dtype of x)")
     if type(out) is not type(x):
         raise invalid(
-            call, f"out is a {type(out).__module__} array, expected {type(x).__module__} like x"
+            call,
+            f"out is a {type(out).__module__}.{type(out).__name__}, expected a "
+            f"{type(x).__module__}.{type(x).__name__} like x",
         )
     if out.shape != shape:
         raise invalid(call, f"out has shape {out.shape}, expected {shape}")
@@ -119,6 +126,10 @@ def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tu
 
 def overlap_check(call: str, x: Any, out: Any) -> bool:
     """True when ``out`` is ``x``'s memory (in place); partial overlap is an error."""
+    if x is out:
+        return True
+    if x.base is None and out.base is None:
+        return False  # two arrays that each own their memory cannot overlap
     x_ptr, out_ptr = _address(x), _address(out)
     if x_ptr == out_ptr and x.nbytes == out.nbytes:
         return True

@@ -82,7 +82,9 @@ def divide_in_place(out: Any, size: int) -> None:
 
 def bfloat16_to_float32(bits: Any) -> Any:
     xp = np if isinstance(bits, np.ndarray) else __import__("cupy")
-    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+    wide = bits.astype(xp.uint32)
+    wide <<= 16  # in place, so that a 0-d array stays an array (a writable buffer)
+    return wide.view(xp.float32)
 
 
 def float32_to_bfloat16(values: Any, out: Any) -> None:
@@ -120,20 +122,11 @@ def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callab
 class MpiPending(Pending):
     """Non-blocking MPI requests; waiting polls them against the communicator's deadline."""
 
-    __slots__ = ("requests",)
-
     def __init__(self, requests: list, finish=None):
         self.requests = requests
         self.finish = finish
         self.done = False
-        self.state = "started"
         self.start = time.monotonic()
-        self.end = 0.0
-        self.seq = 0
-        self.track = 0
-        self.shape = None
-        self.nbytes = 0
-        self.dtype = None
 
     def test(self) -> bool:
         if not self.done and MPI.Request.Testall(self.requests):
@@ -145,24 +138,23 @@ class MpiPending(Pending):
             return
         requests = self.requests
         test = requests[0].Test if len(requests) == 1 else (lambda: MPI.Request.Testall(requests))
-        # Hot spin first: a small collective completes within microseconds.
-        for _ in range(200):
-            if test():
-                self._complete()
-                return
+        # Poll as MPI's own blocking wait does (busy), looking at the clock every 256 polls;
+        # only a wait that has already lasted 10 ms starts yielding the core, and one past
+        # 1 s sleeps between polls.
         start = self.start
         deadline = start + comm.timeout
         polls = 0
         while not test():
             polls += 1
-            if polls & 63 == 0:
-                now = time.monotonic()
-                if now > deadline:
-                    comm._die(timeout_error(comm, self, now - start))
-                if now - start > 1.0:  # long waits stop burning a core
-                    time.sleep(1e-3)
-                else:
-                    os.sched_yield()
+            if polls & 255 == 0:
+                waited = time.monotonic() - start
+                if waited > 0.01:
+                    if start + waited > deadline:
+                        comm._die(timeout_error(comm, self, waited))
+                    if waited > 1.0:
+                        time.sleep(1e-3)
+                    else:
+                        os.sched_yield()
         self._complete()
 
 

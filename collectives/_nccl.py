@@ -40,8 +40,6 @@ def nccl_unavailable_reason() -> str | None:
 
 
 class NcclPending(Pending):
-    __slots__ = ("event", "blocking", "backend")
-
     def __init__(self, backend: NcclBackend, blocking: bool = False):
         super().__init__()
         self.event: Any = None

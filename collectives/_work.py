@@ -18,32 +18,20 @@ class Pending:
     The front end fills in ``seq``, ``call`` and what the call moved.
     """
 
-    __slots__ = (
-        "seq",
-        "call",
-        "nbytes",
-        "dtype",
-        "shape",
-        "start",
-        "end",
-        "state",
-        "finish",
-        "done",
-        "track",
-    )
+    # Class-level defaults: creating one (once per call) sets only what differs.
+    seq = 0
+    call = "operation"
+    nbytes = 0
+    dtype: str | None = None
+    shape: tuple | None = None
+    end = 0.0
+    state = "started"
+    track = 0
 
     def __init__(self, finish: Callable[[], None] | None = None):
         self.finish = finish
         self.done = False
-        self.state = "started"
         self.start = time.monotonic()
-        self.end = 0.0
-        self.seq = 0
-        self.call = "operation"
-        self.track = 0
-        self.nbytes = 0
-        self.dtype: str | None = None
-        self.shape: tuple | None = None
 
     def test(self) -> bool:
         raise NotImplementedError

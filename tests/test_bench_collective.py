@@ -9,6 +9,7 @@ No timing is asserted.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -115,10 +116,26 @@ def test_command_line_with_baseline_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
-def test_bad_flag_fails_cleanly(tmp_path):
+@pytest.mark.parametrize(
+    "argv,message",
+    [(["-r", "3"], "root (-r) must be in [0, 1), got 3"),
+     (["--baseline", "nccl"], "--baseline nccl runs on CuPy arrays, expected --backend nccl"),
+     (["-e", "4", "-b", "8"], "max_bytes (-e) must be >= min_bytes (-b) = 8, got 4")],
+)  # fmt: skip
+def test_bad_flag_fails_cleanly(argv, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.collective", "-r", "3"],
+        [sys.executable, "-m", "benchmarks.collective", "-b", "8", "-e", "8", *argv],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "root (-r) must be in [0, 1), got 3" in proc.stderr
+    assert message in proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed")
+def test_missing_baseline_library_is_named():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.collective", "-b", "8", "-e", "8", "--baseline", "torch"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "BackendUnavailableError: benchmark: --baseline torch needs torch" in proc.stderr

@@ -9,6 +9,8 @@ types can round, and it is compared with a tolerance of the dtype's precision.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -103,7 +105,9 @@ def reference(stack: np.ndarray, op: str, name: str) -> np.ndarray:
 
 
 def check(actual: np.ndarray, expected: np.ndarray, name: str, op: str, what: str) -> None:
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {actual.shape}, expected {expected.shape}"
+    )
     got = decode(actual, name)
     if op == "avg" and not is_int(name):
         rtol = AVG_RTOL.get(name, 1e-12)
@@ -134,6 +138,28 @@ def finish(ret, mode: str, what: str):
     return result
 
 
+class Cases:
+    """Runs many sub-cases in one test item and reports every failing one, not just the first.
+
+    The sub-cases here fail (if at all) identically on every rank, so all ranks stay in step.
+    """
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    @contextmanager
+    def case(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:  # AssertionError or an error from the library
+            self.failed.append(f"{what}: {type(e).__name__}: {str(e).strip()[:400]}")
+
+    def check(self) -> None:
+        if self.failed:
+            shown = "\n".join(self.failed[:15])
+            raise AssertionError(f"{len(self.failed)} sub-cases failed, first ones:\n{shown}")
+
+
 def op_arg(op: str, i: int):
     """Alternate between the string and the enum spellings (and upper case) of an op."""
     return (op, col.ReduceOp[op.upper()], op.upper())[i % 3]
@@ -147,239 +173,289 @@ def reduction_cases():
 
 
 def test_all_reduce(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for i, (name, op, shape, mode) in enumerate(reduction_cases()):
         what = f"all_reduce {name} op={op} shape={shape} {mode}"
-        stack = np.stack([values(name, shape, r, op) for r in range(size)])
-        expected = reference(stack, op, name)
-        mine = encode(stack[rank], name)
-        asynchronous = mode != "sync"
+        with cases.case(what):
+            stack = np.stack([values(name, shape, r, op) for r in range(size)])
+            expected = reference(stack, op, name)
+            mine = encode(stack[rank], name)
+            asynchronous = mode != "sync"
 
-        x = mine.copy()
-        got = finish(comm.all_reduce(wrap(x, name), op_arg(op, i), async_op=asynchronous), mode, what)
-        assert got is x, f"{what}: in place returns x"
-        check(x, expected, name, op, what + " in place")
+            x = mine.copy()
+            got = finish(
+                comm.all_reduce(wrap(x, name), op_arg(op, i), async_op=asynchronous), mode, what
+            )
+            assert got is x, f"{what}: in place returns x"
+            check(x, expected, name, op, what + " in place")
 
-        x, out = mine.copy(), np.zeros_like(mine)
-        ret = comm.all_reduce(wrap(x, name), op_arg(op, i + 1), out=wrap(out, name), async_op=asynchronous)
-        assert finish(ret, mode, what) is out
-        check(out, expected, name, op, what + " out of place")
-        np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+            x, out = mine.copy(), np.zeros_like(mine)
+            ret = comm.all_reduce(
+                wrap(x, name), op_arg(op, i + 1), out=wrap(out, name), async_op=asynchronous
+            )
+            assert finish(ret, mode, what) is out
+            check(out, expected, name, op, what + " out of place")
+            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+    cases.check()
 
 
 def test_reduce(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for i, (name, op, shape, mode) in enumerate(reduction_cases()):
         root = size - 1 if i % 4 else 0
         what = f"reduce {name} op={op} shape={shape} {mode} root={root}"
-        stack = np.stack([values(name, shape, r, op) for r in range(size)])
-        expected = reference(stack, op, name)
-        mine = encode(stack[rank], name)
-        asynchronous = mode != "sync"
+        with cases.case(what):
+            stack = np.stack([values(name, shape, r, op) for r in range(size)])
+            expected = reference(stack, op, name)
+            mine = encode(stack[rank], name)
+            asynchronous = mode != "sync"
 
-        x = mine.copy()
-        ret = comm.reduce(wrap(x, name), root, op_arg(op, i), async_op=asynchronous)
-        got = finish(ret, mode, what)
-        if rank == root:
-            assert got is x
-            check(x, expected, name, op, what + " in place")
+            x = mine.copy()
+            ret = comm.reduce(wrap(x, name), root, op_arg(op, i), async_op=asynchronous)
+            got = finish(ret, mode, what)
+            if rank == root:
+                assert got is x
+                check(x, expected, name, op, what + " in place")
 
-        x, out = mine.copy(), np.zeros_like(mine)
-        ret = comm.reduce(wrap(x, name), root=root, op=op, out=wrap(out, name), async_op=asynchronous)
-        got = finish(ret, mode, what)
-        np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
-        if rank == root:
-            assert got is out
-            check(out, expected, name, op, what + " out of place")
+            x, out = mine.copy(), np.zeros_like(mine)
+            ret = comm.reduce(
+                wrap(x, name), root=root, op=op, out=wrap(out, name), async_op=asynchronous
+            )
+            got = finish(ret, mode, what)
+            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+            if rank == root:
+                assert got is out
+                check(out, expected, name, op, what + " out of place")
+    cases.check()
 
 
 def test_broadcast(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for i, name in enumerate(DTYPES):
         for shape, mode in CASES:
             root = size - 1 if i % 3 else 0
             what = f"broadcast {name} shape={shape} {mode} root={root}"
-            expected = values(name, shape, root)
-            x = encode(values(name, shape, rank), name)
-            ret = comm.broadcast(wrap(x, name), root, async_op=mode != "sync")
-            assert finish(ret, mode, what) is x
-            check(x, expected, name, "sum", what)
+            with cases.case(what):
+                expected = values(name, shape, root)
+                x = encode(values(name, shape, rank), name)
+                ret = comm.broadcast(wrap(x, name), root, async_op=mode != "sync")
+                assert finish(ret, mode, what) is x
+                check(x, expected, name, "sum", what)
+    cases.check()
 
 
 def test_all_gather(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for name in DTYPES:
         for shape, mode in CASES:
             what = f"all_gather {name} shape={shape} {mode}"
-            stack = np.stack([values(name, shape, r) for r in range(size)])
-            mine = encode(stack[rank], name)
-            asynchronous = mode != "sync"
+            with cases.case(what):
+                stack = np.stack([values(name, shape, r) for r in range(size)])
+                mine = encode(stack[rank], name)
+                asynchronous = mode != "sync"
 
-            got = finish(comm.all_gather(wrap(mine.copy(), name), async_op=asynchronous), mode, what)
-            check(got, stack, name, "sum", what + " new out")
+                got = finish(
+                    comm.all_gather(wrap(mine.copy(), name), async_op=asynchronous), mode, what
+                )
+                check(got, stack, name, "sum", what + " new out")
 
-            out = np.zeros((size, *shape), mine.dtype)
-            ret = comm.all_gather(wrap(mine, name), out=wrap(out, name), async_op=asynchronous)
-            assert finish(ret, mode, what) is out
-            check(out, stack, name, "sum", what + " out given")
+                out = np.zeros((size, *shape), mine.dtype)
+                ret = comm.all_gather(wrap(mine, name), out=wrap(out, name), async_op=asynchronous)
+                assert finish(ret, mode, what) is out
+                check(out, stack, name, "sum", what + " out given")
 
-            out = np.zeros((size, *shape), mine.dtype)
-            out[rank] = mine
-            ret = comm.all_gather(wrap(out[rank], name), out=wrap(out, name), async_op=asynchronous)
-            assert finish(ret, mode, what) is out
-            check(out, stack, name, "sum", what + " in place (x = out[rank])")
+                out = np.zeros((size, *shape), mine.dtype)
+                out[rank] = mine
+                ret = comm.all_gather(
+                    wrap(out[rank, ...], name), out=wrap(out, name), async_op=asynchronous
+                )
+                assert finish(ret, mode, what) is out
+                check(out, stack, name, "sum", what + " in place (x = out[rank])")
+    cases.check()
 
 
 def test_reduce_scatter(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for i, (name, op, shape, mode) in enumerate(reduction_cases()):
         what = f"reduce_scatter {name} op={op} shape={shape} {mode}"
-        full = (size, *shape)
-        stack = np.stack([values(name, full, r, op) for r in range(size)])
-        expected = reference(stack, op, name)[rank]
-        mine = encode(stack[rank], name)
-        asynchronous = mode != "sync"
+        with cases.case(what):
+            full = (size, *shape)
+            stack = np.stack([values(name, full, r, op) for r in range(size)])
+            expected = reference(stack, op, name)[rank]
+            mine = encode(stack[rank], name)
+            asynchronous = mode != "sync"
 
-        x = mine.copy()
-        got = finish(comm.reduce_scatter(wrap(x, name), op_arg(op, i), async_op=asynchronous), mode, what)
-        check(got, expected, name, op, what + " new out")
+            x = mine.copy()
+            got = finish(
+                comm.reduce_scatter(wrap(x, name), op_arg(op, i), async_op=asynchronous), mode, what
+            )
+            check(got, expected, name, op, what + " new out")
 
-        x, out = mine.copy(), np.zeros(shape, mine.dtype)
-        ret = comm.reduce_scatter(wrap(x, name), op, out=wrap(out, name), async_op=asynchronous)
-        assert finish(ret, mode, what) is out
-        check(out, expected, name, op, what + " out given")
-        np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+            x, out = mine.copy(), np.zeros(shape, mine.dtype)
+            ret = comm.reduce_scatter(wrap(x, name), op, out=wrap(out, name), async_op=asynchronous)
+            assert finish(ret, mode, what) is out
+            check(out, expected, name, op, what + " out given")
+            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
 
-        x = mine.copy()
-        ret = comm.reduce_scatter(wrap(x, name), op, out=wrap(x[rank], name), async_op=asynchronous)
-        finish(ret, mode, what)
-        check(x[rank], expected, name, op, what + " in place (out = x[rank])")
+            x = mine.copy()
+            ret = comm.reduce_scatter(
+                wrap(x, name), op, out=wrap(x[rank, ...], name), async_op=asynchronous
+            )
+            finish(ret, mode, what)
+            check(x[rank, ...], expected, name, op, what + " in place (out = x[rank])")
+    cases.check()
 
 
 def test_all_to_all(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for name in DTYPES:
         for shape, mode in CASES:
             what = f"all_to_all {name} shape={shape} {mode}"
-            full = (size, *shape)
-            stack = np.stack([values(name, full, r) for r in range(size)])
-            expected = stack[:, rank]  # out[j] is x[rank] of rank j
-            mine = encode(stack[rank], name)
-            asynchronous = mode != "sync"
+            with cases.case(what):
+                full = (size, *shape)
+                stack = np.stack([values(name, full, r) for r in range(size)])
+                expected = stack[:, rank]  # out[j] is x[rank] of rank j
+                mine = encode(stack[rank], name)
+                asynchronous = mode != "sync"
 
-            got = finish(comm.all_to_all(wrap(mine.copy(), name), async_op=asynchronous), mode, what)
-            check(got, expected, name, "sum", what + " new out")
+                got = finish(
+                    comm.all_to_all(wrap(mine.copy(), name), async_op=asynchronous), mode, what
+                )
+                check(got, expected, name, "sum", what + " new out")
 
-            x, out = mine.copy(), np.zeros_like(mine)
-            ret = comm.all_to_all(wrap(x, name), out=wrap(out, name), async_op=asynchronous)
-            assert finish(ret, mode, what) is out
-            check(out, expected, name, "sum", what + " out given")
-            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+                x, out = mine.copy(), np.zeros_like(mine)
+                ret = comm.all_to_all(wrap(x, name), out=wrap(out, name), async_op=asynchronous)
+                assert finish(ret, mode, what) is out
+                check(out, expected, name, "sum", what + " out given")
+                np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
 
-            x = mine.copy()
-            ret = comm.all_to_all(wrap(x, name), out=wrap(x, name), async_op=asynchronous)
-            finish(ret, mode, what)
-            check(x, expected, name, "sum", what + " in place (out = x)")
+                x = mine.copy()
+                ret = comm.all_to_all(wrap(x, name), out=wrap(x, name), async_op=asynchronous)
+                finish(ret, mode, what)
+                check(x, expected, name, "sum", what + " in place (out = x)")
+    cases.check()
 
 
 def test_gather(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for i, name in enumerate(DTYPES):
         for shape, mode in CASES:
             root = size - 1 if i % 3 else 0
             what = f"gather {name} shape={shape} {mode} root={root}"
-            stack = np.stack([values(name, shape, r) for r in range(size)])
-            mine = encode(stack[rank], name)
-            asynchronous = mode != "sync"
+            with cases.case(what):
+                stack = np.stack([values(name, shape, r) for r in range(size)])
+                mine = encode(stack[rank], name)
+                asynchronous = mode != "sync"
 
-            got = finish(comm.gather(wrap(mine, name), root, async_op=asynchronous), mode, what)
-            if rank == root:
-                check(got, stack, name, "sum", what + " new out")
-            else:
-                assert got is None, f"{what}: returned {got!r} off root"
+                got = finish(comm.gather(wrap(mine, name), root, async_op=asynchronous), mode, what)
+                if rank == root:
+                    check(got, stack, name, "sum", what + " new out")
+                else:
+                    assert got is None, f"{what}: returned {got!r} off root"
 
-            out = np.zeros((size, *shape), mine.dtype) if rank == root else None
-            ret = comm.gather(
-                wrap(mine, name), root=root, out=out if out is None else wrap(out, name),
-                async_op=asynchronous,
-            )
-            got = finish(ret, mode, what)
-            if rank == root:
-                assert got is out
-                check(out, stack, name, "sum", what + " out given")
+                out = np.zeros((size, *shape), mine.dtype) if rank == root else None
+                ret = comm.gather(
+                    wrap(mine, name),
+                    root=root,
+                    out=out if out is None else wrap(out, name),
+                    async_op=asynchronous,
+                )
+                got = finish(ret, mode, what)
+                if rank == root:
+                    assert got is out
+                    check(out, stack, name, "sum", what + " out given")
 
-            if rank == root:
-                out = np.zeros((size, *shape), mine.dtype)
-                out[root] = mine
-                x = out[root]
-            else:
-                out, x = None, mine
-            ret = comm.gather(
-                wrap(x, name), root, out=out if out is None else wrap(out, name),
-                async_op=asynchronous,
-            )
-            finish(ret, mode, what)
-            if rank == root:
-                check(out, stack, name, "sum", what + " in place (x = out[root])")
+                if rank == root:
+                    out = np.zeros((size, *shape), mine.dtype)
+                    out[root] = mine
+                    x = out[root, ...]  # a view even when out is 1-D
+                else:
+                    out, x = None, mine
+                ret = comm.gather(
+                    wrap(x, name),
+                    root,
+                    out=out if out is None else wrap(out, name),
+                    async_op=asynchronous,
+                )
+                finish(ret, mode, what)
+                if rank == root:
+                    check(out, stack, name, "sum", what + " in place (x = out[root])")
+    cases.check()
 
 
 def test_scatter(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     for i, name in enumerate(DTYPES):
         for shape, mode in CASES:
             root = size - 1 if i % 3 else 0
             what = f"scatter {name} shape={shape} {mode} root={root}"
-            full = (size, *shape)
-            source = values(name, full, root)
-            expected = source[rank]
-            # Off root, x only supplies the shape and dtype: give it different contents.
-            x = encode(source if rank == root else values(name, full, rank + 1), name)
-            asynchronous = mode != "sync"
+            with cases.case(what):
+                full = (size, *shape)
+                source = values(name, full, root)
+                expected = source[rank]
+                # Off root, x only supplies the shape and dtype: give it different contents.
+                x = encode(source if rank == root else values(name, full, rank + 1), name)
+                asynchronous = mode != "sync"
 
-            got = finish(comm.scatter(wrap(x, name), root, async_op=asynchronous), mode, what)
-            check(got, expected, name, "sum", what + " new out")
+                got = finish(comm.scatter(wrap(x, name), root, async_op=asynchronous), mode, what)
+                check(got, expected, name, "sum", what + " new out")
 
-            out = np.zeros(shape, x.dtype)
-            send = wrap(x, name) if rank == root else None
-            ret = comm.scatter(send, root=root, out=wrap(out, name), async_op=asynchronous)
-            assert finish(ret, mode, what) is out
-            check(out, expected, name, "sum", what + " out given")
-
-            if rank == root:
-                x = x.copy()
-                ret = comm.scatter(wrap(x, name), root, out=wrap(x[root], name), async_op=asynchronous)
-                finish(ret, mode, what)
-                check(x[root], expected, name, "sum", what + " in place (out = x[root])")
-                check(x, source, name, "sum", what + " in place leaves x")
-            else:
                 out = np.zeros(shape, x.dtype)
-                ret = comm.scatter(out=wrap(out, name), root=root, async_op=asynchronous)
-                finish(ret, mode, what)
-                check(out, expected, name, "sum", what + " out only")
+                send = wrap(x, name) if rank == root else None
+                ret = comm.scatter(send, root=root, out=wrap(out, name), async_op=asynchronous)
+                assert finish(ret, mode, what) is out
+                check(out, expected, name, "sum", what + " out given")
+
+                if rank == root:
+                    x = x.copy()
+                    ret = comm.scatter(
+                        wrap(x, name), root, out=wrap(x[root, ...], name), async_op=asynchronous
+                    )
+                    finish(ret, mode, what)
+                    check(x[root, ...], expected, name, "sum", what + " in place (out = x[root])")
+                    check(x, source, name, "sum", what + " in place leaves x")
+                else:
+                    out = np.zeros(shape, x.dtype)
+                    ret = comm.scatter(out=wrap(out, name), root=root, async_op=asynchronous)
+                    finish(ret, mode, what)
+                    check(out, expected, name, "sum", what + " out only")
+    cases.check()
 
 
 def test_send_recv_ring_in_group(comm):
+    cases = Cases()
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     for name in DTYPES:
         for shape, mode in CASES:
             what = f"send/recv ring {name} shape={shape} {mode}"
-            mine = encode(values(name, shape, rank), name)
-            got = np.zeros_like(mine)
-            asynchronous = mode != "sync"
-            with comm.group():
-                sent = comm.send(wrap(mine, name), right, async_op=asynchronous)
-                received = comm.recv(wrap(got, name), left, async_op=asynchronous)
-            if asynchronous:
-                assert finish(sent, mode, what) is None
-                assert finish(received, mode, what) is got
-            else:
-                assert sent is None and received is got
-            check(got, values(name, shape, left), name, "sum", what)
+            with cases.case(what):
+                mine = encode(values(name, shape, rank), name)
+                got = np.zeros_like(mine)
+                asynchronous = mode != "sync"
+                with comm.group():
+                    sent = comm.send(wrap(mine, name), right, async_op=asynchronous)
+                    received = comm.recv(wrap(got, name), left, async_op=asynchronous)
+                if asynchronous:
+                    assert finish(sent, mode, what) is None
+                    assert finish(received, mode, what) is got
+                else:
+                    assert sent is None and received is got
+                check(got, values(name, shape, left), name, "sum", what)
+    cases.check()
 
 
 def test_send_recv_pairs_without_group(comm):
     """Even ranks talk to the next odd rank with plain (unbatched) calls, both directions."""
+    cases = Cases()
     size, rank = comm.size, comm.rank
     peer = rank + 1 if rank % 2 == 0 else rank - 1
     if peer >= size:
@@ -387,17 +463,19 @@ def test_send_recv_pairs_without_group(comm):
     for name in DTYPES:
         for shape, mode in CASES:
             what = f"send/recv pair {name} shape={shape} {mode}"
-            asynchronous = mode != "sync"
-            mine = encode(values(name, shape, rank), name)
-            got = np.zeros_like(mine)
-            # Even ranks send first; odd ranks receive first: no deadlock with blocking calls.
-            if rank % 2 == 0:
-                finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
-                finish(comm.recv(wrap(got, name), peer, async_op=asynchronous), mode, what)
-            else:
-                finish(comm.recv(wrap(got, name), peer, async_op=asynchronous), mode, what)
-                finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
-            check(got, values(name, shape, peer), name, "sum", what)
+            with cases.case(what):
+                asynchronous = mode != "sync"
+                mine = encode(values(name, shape, rank), name)
+                got = np.zeros_like(mine)
+                # Even ranks send first; odd ranks receive first: no deadlock with blocking calls.
+                if rank % 2 == 0:
+                    finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
+                    finish(comm.recv(wrap(got, name), peer, async_op=asynchronous), mode, what)
+                else:
+                    finish(comm.recv(wrap(got, name), peer, async_op=asynchronous), mode, what)
+                    finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
+                check(got, values(name, shape, peer), name, "sum", what)
+    cases.check()
 
 
 def test_async_calls_overlap(comm):

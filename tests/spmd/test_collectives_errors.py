@@ -1,0 +1,345 @@
+"""Every bad input the contract names fails locally, before any communication, with a clear error.
+
+Each case checks that the error is an ``InvalidArgumentError`` (also a ``ValueError``) whose
+message names the call, the argument, what was expected and what was given; then the test
+runs a real collective to show that the failed call left the ranks in step.
+Also: a communicator used from two threads at once, and a collective that times out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import collectives as col
+
+WORLD_SIZES = (1, 2)
+SPMD_TIMEOUT = 240
+
+
+class Caught:
+    message = ""
+
+
+@contextmanager
+def fails(call: str, *fragments: str) -> Iterator[Caught]:
+    """The block must raise InvalidArgumentError starting with ``call:`` and naming ``fragments``."""
+    caught = Caught()
+    with pytest.raises(col.InvalidArgumentError) as info:
+        yield caught
+    error = info.value
+    assert isinstance(error, ValueError) and isinstance(error, col.CollectivesError)
+    caught.message = message = str(error)
+    assert message.startswith(f"{call}: "), message
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def in_step(comm) -> None:
+    """A real collective after the failures: every rank must still be at the same call."""
+    x = np.array([comm.rank + 1], np.int64)
+    comm.all_reduce(x)
+    assert x[0] == comm.size * (comm.size + 1) // 2
+
+
+class Sub(np.ndarray):
+    """A NumPy subclass: the same memory kind but not the same array type as x."""
+
+
+def test_unsupported_dtypes(comm):
+    for dtype in (np.bool_, np.int16, np.uint16, np.float128 if hasattr(np, "float128") else "U2"):
+        x = np.zeros(4, dtype)
+        name = str(np.dtype(dtype))
+        with fails("all_reduce", f"x has dtype {name}", "expected one of"):
+            comm.all_reduce(x)
+        with fails("broadcast", f"x has dtype {name}", "float32"):
+            comm.broadcast(x)
+        with fails("send", f"x has dtype {name}"):
+            comm.send(x, 0)
+        good = np.zeros(4, np.float32)
+        with fails("all_reduce", f"out has dtype {name}"):
+            comm.all_reduce(good, out=x)
+    with fails("all_gather", "as_bfloat16") as caught:
+        comm.all_gather(np.zeros(2, np.uint16))
+    msg = caught.message
+    assert "uint16" in msg
+    in_step(comm)
+
+
+def test_not_an_array(comm):
+    for obj in ([1.0, 2.0], 3.0, "abc", None):
+        with fails("all_reduce", "x must be a NumPy or CuPy array", type(obj).__name__):
+            comm.all_reduce(obj)
+    with fails("recv", "x must be", "list"):
+        comm.recv([0, 0], 0)
+    with fails("all_reduce", "out must be", "list"):
+        comm.all_reduce(np.zeros(2), out=[0.0, 0.0])
+    in_step(comm)
+
+
+def test_non_contiguous(comm):
+    size = comm.size
+    strided = np.zeros((4, 6), np.float32)[:, ::2]
+    fortran = np.asfortranarray(np.zeros((3, 4), np.float64))
+    for x in (strided, fortran):
+        with fails("all_reduce", "x must be C-contiguous", str(x.strides)):
+            comm.all_reduce(x)
+        with fails("broadcast", "C-contiguous"):
+            comm.broadcast(x)
+        with fails("all_gather", "C-contiguous"):
+            comm.all_gather(x)
+    good = np.zeros((4, 3), np.float32)
+    with fails("all_reduce", "out must be C-contiguous"):
+        comm.all_reduce(good, out=strided)
+    gathered = np.zeros((size, 4, 6), np.float32)[:, :, ::2]
+    with fails("all_gather", "out must be C-contiguous"):
+        comm.all_gather(good, out=gathered)
+    in_step(comm)
+
+
+def test_out_of_wrong_shape_dtype_or_type(comm):
+    size = comm.size
+    x = np.zeros((3, 4), np.float32)
+    with fails("all_reduce", "out has shape (4, 3), expected (3, 4)"):
+        comm.all_reduce(x, out=np.zeros((4, 3), np.float32))
+    with fails("all_reduce", "out has dtype float64, expected float32"):
+        comm.all_reduce(x, out=np.zeros((3, 4), np.float64))
+    with fails("reduce", "out has shape (12,), expected (3, 4)"):
+        comm.reduce(x, out=np.zeros(12, np.float32))
+    with fails("all_gather", f"out has shape ({size + 1}, 3, 4), expected ({size}, 3, 4)"):
+        comm.all_gather(x, out=np.zeros((size + 1, 3, 4), np.float32))
+    with fails("all_gather", f"expected ({size}, 3, 4)"):
+        comm.all_gather(x, out=np.zeros((3, 4), np.float32))
+    xs = np.zeros((size, 3), np.int32)
+    with fails("reduce_scatter", f"out has shape ({size}, 3), expected (3,)"):
+        comm.reduce_scatter(xs, out=np.zeros((size, 3), np.int32))
+    with fails("all_to_all", "out has dtype int64, expected int32"):
+        comm.all_to_all(xs, out=np.zeros((size, 3), np.int64))
+    if comm.rank == 0:  # root only: off root, scatter's out needs root's shape to be checked
+        with fails("scatter", "out has shape (4,), expected (3,)"):
+            comm.scatter(xs, out=np.zeros(4, np.int32))
+        # and gather takes no out at all off root
+        with fails("gather", f"expected ({size}, 3, 4)"):
+            comm.gather(x, out=np.zeros((size, 4, 3), np.float32))
+    other = np.zeros((3, 4), np.float32).view(Sub)
+    with fails("all_reduce", "out is a", "Sub", "like x"):
+        comm.all_reduce(x, out=other)
+    bits = col.as_bfloat16(np.zeros((3, 4), np.uint16))
+    with fails("all_reduce", "out has dtype bfloat16", "expected float32"):
+        comm.all_reduce(x, out=bits)
+    in_step(comm)
+
+
+def test_partially_overlapping_out(comm):
+    buf = np.zeros(8, np.float32)
+    with fails("all_reduce", "out overlaps x without being the same memory"):
+        comm.all_reduce(buf[0:4], out=buf[2:6])
+    with fails("reduce", "overlaps"):
+        comm.reduce(buf[0:4], out=buf[3:7])
+    size = comm.size
+    whole = np.zeros((size + 1) * 2, np.float32)
+    # x inside out, but not at this rank's slot: out[rank + 1] is not x's place.
+    x = whole[2 * (comm.rank + 1) : 2 * (comm.rank + 2)]
+    out = whole[: 2 * size].reshape(size, 2) if comm.rank + 1 < size else None
+    if out is not None:
+        with fails("all_gather", "overlaps"):
+            comm.all_gather(x, out=out)
+    shifted = whole[1 : 1 + 2 * size].reshape(size, 2)
+    with fails("all_gather", "overlaps"):
+        comm.all_gather(whole[0:2], out=shifted)
+    flat = np.zeros(2 * size + 1, np.float32)
+    x, out = flat[: 2 * size].reshape(size, 2), flat[1:].reshape(size, 2)
+    with fails("all_to_all", "overlaps"):
+        comm.all_to_all(x, out=out)
+    # The identical array is the in-place form, not an overlap.
+    y = np.ones(4, np.float32)
+    comm.all_reduce(y, out=y)
+    np.testing.assert_array_equal(y, comm.size)
+    in_step(comm)
+
+
+def test_leading_axis_must_be_size(comm):
+    size = comm.size
+    bad = np.zeros((size + 1, 2), np.float32)
+    scalar = np.zeros((), np.float32)
+    for x, shape in ((bad, (size + 1, 2)), (scalar, ())):
+        expected = f"x has shape {shape}, expected a first axis of size {size}"
+        with fails("reduce_scatter", expected):
+            comm.reduce_scatter(x)
+        with fails("all_to_all", expected):
+            comm.all_to_all(x)
+        with fails("scatter", expected):
+            comm.scatter(x)
+    with fails("scatter", "x is required on root", "None"):
+        comm.scatter(None)
+    in_step(comm)
+
+
+def test_root_out_of_range(comm):
+    size = comm.size
+    x = np.zeros(2, np.float32)
+    for root in (size, -1, 1.0, "0", None, True):
+        expected = f"root must be an int in [0, {size}), got {root!r}"
+        with fails("reduce", expected):
+            comm.reduce(x, root)
+        with fails("broadcast", expected):
+            comm.broadcast(x, root=root)
+        with fails("gather", expected):
+            comm.gather(x, root)
+        with fails("scatter", expected):
+            comm.scatter(np.zeros((size, 2)), root)
+    in_step(comm)
+
+
+def test_peer_out_of_range_and_self(comm):
+    size, rank = comm.size, comm.rank
+    x = np.zeros(2, np.float32)
+    for peer in (size, -1, 0.0, "1", None):
+        expected = f"peer must be an int in [0, {size}), got {peer!r}"
+        with fails("send", expected):
+            comm.send(x, peer)
+        with fails("recv", expected):
+            comm.recv(x, peer)
+    with fails("send", f"peer {rank} is this rank", "comm.group()"):
+        comm.send(x, rank)
+    with fails("recv", "is this rank"):
+        comm.recv(x, rank, async_op=True)
+    in_step(comm)
+
+
+def test_bad_op(comm):
+    size = comm.size
+    x = np.zeros(2, np.float32)
+    for op in ("mean", "", "add", 3, None):
+        expected = f"op must be one of sum, prod, max, min, avg, got {op!r}"
+        with fails("all_reduce", expected):
+            comm.all_reduce(x, op)
+        with fails("reduce", expected):
+            comm.reduce(x, op=op)
+        with fails("reduce_scatter", expected):
+            comm.reduce_scatter(np.zeros((size, 2)), op)
+    for dtype in (np.complex64, np.complex128):
+        z = np.zeros(2, dtype)
+        name = np.dtype(dtype).name
+        for op in ("max", "min", "prod", col.ReduceOp.MAX):
+            expected = f"op {col.ReduceOp[str(op).upper()]} is not defined for {name}"
+            with fails("all_reduce", expected, "expected sum or avg"):
+                comm.all_reduce(z, op)
+            with fails("reduce", expected):
+                comm.reduce(z, op=op)
+    in_step(comm)
+
+
+def test_use_after_close_and_abort():
+    for end, word in (("close", "closed"), ("abort", "aborted")):
+        c = col.init(backend="mpi", timeout=30)
+        in_step(c)
+        getattr(c, end)()
+        x = np.zeros(2, np.float32)
+        with fails("all_reduce", f"communicator {'is' if word == 'closed' else 'was'} {word}"):
+            c.all_reduce(x)
+        with fails("barrier", word):
+            c.barrier(async_op=True)
+        with fails("all_gather", word, f"rank {c.rank}"):
+            c.all_gather(x)
+        with fails("split", word):
+            c.split(0)
+        c.close()
+
+
+def test_empty_arrays_work(comm):
+    """Not an error: size-0 arrays go through every verb."""
+    size = comm.size
+    e = np.zeros((0, 3), np.float32)
+    assert comm.all_reduce(e) is e
+    assert comm.all_gather(e).shape == (size, 0, 3)
+    assert comm.reduce_scatter(np.zeros((size, 0))).shape == (0,)
+    assert comm.all_to_all(np.zeros((size, 0))).shape == (size, 0)
+    comm.broadcast(e, size - 1)
+    in_step(comm)
+
+
+# ---------------------------------------------------------------- threads and timeouts
+
+
+def _wait_for(condition, what: str, limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_two_threads_on_one_communicator(comm):
+    if comm.size == 1:
+        pytest.skip(
+            "at size 1 no call can block while holding the communicator (a recv from "
+            "itself is allowed only in a group, whose wait does not hold it)"
+        )
+    short = col.init(backend="mpi", timeout=2)
+    peer = (comm.rank + 1) % comm.size
+    errors: list[BaseException] = []
+
+    def blocked() -> None:  # every rank waits for a message nobody sends
+        try:
+            short.recv(np.zeros(1, np.float32), peer)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+
+    thread = threading.Thread(target=blocked)
+    try:
+        thread.start()
+        _wait_for(lambda: any(p.call == "recv" for p in list(short.recorder)), "the recv to start")
+        with fails("all_reduce", "in use by another thread") as caught:
+            short.all_reduce(np.zeros(2, np.float32))
+        message = caught.message
+        assert "one thread at a time" in message
+        thread.join(30)
+        assert not thread.is_alive(), "the blocked recv never timed out"
+        assert len(errors) == 1 and isinstance(errors[0], col.CollectiveTimeoutError), errors
+        assert "recv" in str(errors[0])
+        with pytest.raises(col.CollectivesError, match="unusable"):
+            short.barrier()
+    finally:
+        thread.join(30)
+        short.close()
+    in_step(comm)
+
+
+def test_collective_that_times_out(comm):
+    timeout = 1.5
+    short = col.init(backend="mpi", timeout=timeout)
+    try:
+        if comm.rank == 0:
+            start = time.monotonic()
+            with pytest.raises(col.CollectiveTimeoutError) as info:
+                if comm.size == 1:  # the only way to make a call wait at size 1
+                    with short.group():
+                        short.recv(np.zeros(1), 0)
+                else:
+                    short.all_reduce(np.zeros(4, np.float32))  # the other ranks never call it
+            waited = time.monotonic() - start
+            message = str(info.value)
+            call = "recv" if comm.size == 1 else "all_reduce"
+            assert message.startswith(f"{call} #1"), message
+            assert f"timeout {timeout:g} s" in message and "rank 0" in message
+            assert isinstance(info.value, TimeoutError)
+            # A hang guard, not a performance check: the contract is timeout + 2 s.
+            assert waited < timeout + 15, f"took {waited:.1f} s to time out"
+            for call, fn in (
+                ("all_reduce", lambda: short.all_reduce(np.zeros(4, np.float32))),
+                ("barrier", lambda: short.barrier()),
+            ):
+                with pytest.raises(col.CollectivesError) as again:
+                    fn()
+                assert str(again.value).startswith(f"{call}: communicator is unusable"), str(
+                    again.value
+                )
+                assert "did not complete" in str(again.value)
+    finally:
+        short.close()
+    in_step(comm)
