@@ -345,7 +345,6 @@ class Communicator:
             if array is not None:
                 pending.shape = array.shape
                 pending.dtype = name
-                pending.nbytes = array.nbytes
             self.recorder.append(pending)
             if self._group is not None:
                 self._group.append(pending)

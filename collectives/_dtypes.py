@@ -14,7 +14,7 @@ from ._errors import invalid
 from ._ops import ReduceOp
 
 #: dtype name -> numpy dtype of the memory that holds it
-STORAGE = {
+STORAGE: dict[str, np.dtype] = {
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
     "int32": np.dtype(np.int32),

@@ -157,6 +157,8 @@ class MpiPending(Pending):
                         os.sched_yield()
         self._complete()
 
+    wait = synchronize  # MPI has no stream to order: waiting is blocking
+
 
 class MpiBackend:
     """Collectives over one mpi4py communicator."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
 from . import _timeline
+from ._dtypes import STORAGE
 from ._errors import CollectiveTimeoutError
 
 
@@ -21,7 +23,6 @@ class Pending:
     # Class-level defaults: creating one (once per call) sets only what differs.
     seq = 0
     call = "operation"
-    nbytes = 0
     dtype: str | None = None
     shape: tuple | None = None
     end = 0.0
@@ -53,6 +54,12 @@ class Pending:
             _timeline.TIMELINE.pending(self, self.track)
 
     @property
+    def nbytes(self) -> int:
+        if self.shape is None or self.dtype is None:
+            return 0
+        return math.prod(self.shape) * STORAGE[self.dtype].itemsize
+
+    @property
     def detail(self) -> str:
         return "no data" if self.shape is None else f"shape {self.shape}, {self.dtype}"
 
@@ -63,7 +70,7 @@ class Pending:
         return {
             "seq": self.seq,
             "call": self.call,
-            "nbytes": self.nbytes if self.shape is not None else 0,
+            "nbytes": self.nbytes,
             "shape": self.shape,
             "dtype": self.dtype if self.shape is not None else None,
             "state": self.state,
