@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from ._arrays import is_slot
 from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
 from ._errors import BackendUnavailableError, CollectivesError, invalid
 from ._ops import ReduceOp
@@ -186,34 +187,37 @@ class NcclBackend:
         return NCCL_OP[ReduceOp.SUM if op is ReduceOp.AVG and not self.has_avg else op]
 
     def _avg_fallback(self, op: ReduceOp, out: Any) -> None:
+        """NCCL before 2.10 has no ncclAvg: divide on the stream, inside the issued work."""
         if op is ReduceOp.AVG and not self.has_avg:
             from ._mpi import divide_in_place
 
             with self.stream:
                 divide_in_place(out, self.size)
 
-    # Each verb: (x, out, name, op, root) -> NcclPending.
+    # Each verb: (x, out, name, op, root) -> NcclPending. Everything a verb enqueues goes
+    # through ``issue``, so that the completion event is recorded after all of it.
 
     def all_reduce(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         code = self._op(op)
-        pending = self._launch(
-            (x, out), lambda s: self.comm.allReduce(x.data.ptr, out.data.ptr, count, dtype, code, s)
-        )
-        self._avg_fallback(op, out)
-        return pending
+
+        def issue(s):
+            self.comm.allReduce(x.data.ptr, out.data.ptr, count, dtype, code, s)
+            self._avg_fallback(op, out)
+
+        return self._launch((x, out), issue)
 
     def reduce(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
         code = self._op(op)
         target = x if out is None else out
-        pending = self._launch(
-            (x, target),
-            lambda s: self.comm.reduce(x.data.ptr, target.data.ptr, count, dtype, code, root, s),
-        )
-        if out is not None:
-            self._avg_fallback(op, out)
-        return pending
+
+        def issue(s):
+            self.comm.reduce(x.data.ptr, target.data.ptr, count, dtype, code, root, s)
+            if out is not None:
+                self._avg_fallback(op, out)
+
+        return self._launch((x, target), issue)
 
     def broadcast(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
@@ -230,15 +234,22 @@ class NcclBackend:
     def reduce_scatter(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
         code = self._op(op)
-        pending = self._launch(
-            (x, out),
-            lambda s: self.comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, code, s),
-        )
-        self._avg_fallback(op, out)
-        return pending
+
+        def issue(s):
+            self.comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, code, s)
+            self._avg_fallback(op, out)
+
+        return self._launch((x, out), issue)
 
     def all_to_all(self, x, out, name, op, root):
-        target = self.cupy.empty_like(out) if out is x else out
+        in_place = out is x
+        if in_place and self._grouped is not None:
+            raise invalid(
+                "all_to_all",
+                "the in-place form (out is x) cannot run inside "
+                "comm.group() on NCCL; pass a distinct out",
+            )
+        target = self.cupy.empty_like(out) if in_place else out
         count, dtype = self._count(x[0], name) if x.shape[0] else (0, NCCL_TYPE[name])
 
         def issue(s):
@@ -249,26 +260,29 @@ class NcclBackend:
                 count,
                 dtype,
             )
+            if in_place:
+                with self.stream:
+                    out[...] = target
 
-        pending = self._launch((x, out, target), issue)
-        if target is not out:
-            with self.stream:
-                out[...] = target
-        return pending
+        return self._launch((x, out, target), issue)
 
     def gather(self, x, out, name, op, root):
         count, dtype = self._count(x, name)
-        receives = [(out[j], j) for j in range(self.size)] if out is not None else []
-        return self._launch(
-            (x, out), lambda s: self._grouped_p2p(s, [(x, root)], receives, count, dtype)
-        )
+        sends, receives = [(x, root)], []
+        if out is not None:
+            receives = [(out[j], j) for j in range(self.size)]
+            if is_slot(x, out, root):  # in place: root's own block is already there
+                sends, receives = [], [(out[j], j) for j in range(self.size) if j != root]
+        return self._launch((x, out), lambda s: self._grouped_p2p(s, sends, receives, count, dtype))
 
     def scatter(self, x, out, name, op, root):
         count, dtype = self._count(out, name)
-        sends = [(x[j], j) for j in range(self.size)] if x is not None else []
-        return self._launch(
-            (x, out), lambda s: self._grouped_p2p(s, sends, [(out, root)], count, dtype)
-        )
+        sends, receives = [], [(out, root)]
+        if x is not None:
+            sends = [(x[j], j) for j in range(self.size)]
+            if is_slot(out, x, root):
+                sends, receives = [(x[j], j) for j in range(self.size) if j != root], []
+        return self._launch((x, out), lambda s: self._grouped_p2p(s, sends, receives, count, dtype))
 
     def send(self, x, out, name, op, root):
         count, dtype = self._count(x, name)

@@ -58,9 +58,7 @@ def test_group_members_are_the_ranks_differing_only_along_names(shape):
                 expected = [
                     r
                     for r in range(size)
-                    if all(
-                        mesh_coords(r, shape)[n] == mine[n] for n in names if n not in chosen
-                    )
+                    if all(mesh_coords(r, shape)[n] == mine[n] for n in names if n not in chosen)
                 ]
                 assert members == expected
                 assert rank in members

@@ -46,4 +46,8 @@ def test_spmd(path: Path, size: int, timeout: float):
             + "\n--- job output (tail) ---\n" + result.output[-4000:],
             pytrace=False,
         )
-    assert result.counts(0).get("passed", 0) > 0, f"no test passed:\n{result.output[-2000:]}"
+    counts = result.counts(0)
+    if counts.get("passed", 0) == 0 and counts.get("skipped", 0) > 0:
+        reasons = {o["detail"] for o in result.ranks[0] if o["outcome"] == "skipped"}
+        pytest.skip("; ".join(sorted(reasons)))
+    assert counts.get("passed", 0) > 0, f"no test passed:\n{result.output[-2000:]}"

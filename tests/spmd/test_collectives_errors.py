@@ -163,6 +163,22 @@ def test_partially_overlapping_out(comm):
     in_step(comm)
 
 
+def test_scatter_out_checked_against_x_off_root(comm):
+    """Off root, an ``x`` given beside ``out`` fixes out's shape: a wrong out fails locally."""
+    size = comm.size
+    # A short timeout: if one rank wrongly went on to communicate, it fails soon, not hangs.
+    short = col.init(backend="mpi", timeout=3)
+    try:
+        xs = np.zeros((size, 3), np.int32)
+        with fails("scatter", "out has shape (4,), expected (3,)"):
+            short.scatter(xs, out=np.zeros(4, np.int32))
+        with fails("scatter", "out has dtype int64, expected int32"):
+            short.scatter(xs, out=np.zeros(3, np.int64))
+    finally:
+        short.close()
+    in_step(comm)
+
+
 def test_leading_axis_must_be_size(comm):
     size = comm.size
     bad = np.zeros((size + 1, 2), np.float32)
@@ -342,4 +358,36 @@ def test_collective_that_times_out(comm):
                 assert "did not complete" in str(again.value)
     finally:
         short.close()
+    in_step(comm)
+
+
+def _gpus() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return 0
+
+
+def test_nccl_rejects_host_and_wrong_device_arrays(comm):
+    gpus = _gpus()
+    if gpus < comm.size:
+        pytest.skip(f"needs one GPU per rank, found {gpus} for {comm.size} ranks")
+    import cupy
+
+    with col.init(backend="nccl", timeout=30) as g:
+        with fails("all_reduce", "x must be a CuPy array", "numpy.ndarray"):
+            g.all_reduce(np.zeros(4, np.float32))
+        with fails("all_gather", "out must be a CuPy array", "numpy.ndarray"):
+            g.all_gather(cupy.zeros(4, cupy.float32), out=np.zeros((g.size, 4), np.float32))
+        if gpus > 1:
+            other = (g.device + 1) % gpus
+            with cupy.cuda.Device(other):
+                elsewhere = cupy.zeros(4, cupy.float32)
+            with fails("broadcast", f"x is on device {other}", f"expected device {g.device}"):
+                g.broadcast(elsewhere)
+        x = cupy.ones(3, cupy.float32)
+        g.all_reduce(x)
+        assert float(x.sum().get()) == 3 * g.size
     in_step(comm)
