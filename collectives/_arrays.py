@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._dtypes import NAME_OF, dtype_name
+from ._dtypes import NAME_OF_CHAR, dtype_name
 from ._errors import invalid
 
 
@@ -90,8 +90,9 @@ def to_array(obj: Any, call: str, arg: str) -> Any:
 def unwrap(x: Any, call: str, arg: str = "x") -> tuple[Any, str]:
     """(storage array, dtype name) for an accepted array, after the local checks."""
     if type(x) is np.ndarray:  # the hot path: one lookup, one flag
-        name = NAME_OF.get(x.dtype)
-        if name is not None and x.flags.c_contiguous:
+        dtype = x.dtype
+        name = NAME_OF_CHAR.get(dtype.char)
+        if name is not None and dtype.isnative and x.flags.c_contiguous:
             return x, name
     return _unwrap(x, call, arg)
 
