@@ -27,6 +27,10 @@ from ._work import Work
 
 RECORDER_LENGTH = 64
 _HOST = frozenset({np.ndarray, type(None)})
+_IN_USE = (
+    "the communicator is in use by another thread; issue collectives on one "
+    "communicator from one thread at a time"
+)
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
 
@@ -66,6 +70,7 @@ class Communicator:
         self.recorder: collections.deque = collections.deque(maxlen=RECORDER_LENGTH)
         self._seq = 0
         self._group: list | None = None
+        self._group_owner = 0
         self._unusable: CollectivesError | None = None
         self._lock = threading.Lock()
         self._stages_device_arrays = backend == "mpi"
@@ -190,15 +195,21 @@ class Communicator:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
         self._root("scatter", root)
-        if self.rank == root or out is None:
-            if x is None:
-                raise invalid("scatter", "x is required on root (and out or x elsewhere), got None")
+        if x is not None:
             x, name = unwrap(x, "scatter")
             self._leading("scatter", x)
             if out is None:
                 out = self._new(x, x.shape[1:])
             else:
                 out = self._slot_out("scatter", out, x, name, x.shape[1:], out_is_part=True)
+        elif self.rank == root:
+            raise invalid("scatter", "x is required on root, got None")
+        elif out is None:
+            raise invalid(
+                "scatter",
+                "x is required on root; other ranks need out (or an x of root's shape), "
+                "got x=None and out=None",
+            )
         else:
             out, name = unwrap(out, "scatter", "out")
         send = x if self.rank == root else None
@@ -235,6 +246,7 @@ class Communicator:
             yield self
             return
         self._usable("group")
+        self._group_owner = threading.get_ident()
         self._group = []
         self._impl.group_start()
         failed = True
@@ -320,12 +332,10 @@ class Communicator:
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
         if not self._lock.acquire(False):
-            raise invalid(
-                call,
-                "the communicator is in use by another thread; "
-                "issue collectives on one communicator from one thread at a time",
-            )
+            raise invalid(call, _IN_USE)
         try:
+            if self._group is not None and self._group_owner != threading.get_ident():
+                raise invalid(call, _IN_USE)
             self._seq = seq = self._seq + 1
             self._progress_slots[self._progress_slot] = seq
             array = x if x is not None else out

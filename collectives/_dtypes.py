@@ -54,9 +54,7 @@ FLOATING = frozenset({"float16", "float32", "float64", "bfloat16"}) | COMPLEX
 NAME_OF = {dt: name for name, dt in STORAGE.items() if name != "bfloat16"}
 
 #: dtype.char -> name: a str lookup, much cheaper per call than hashing a dtype object
-NAME_OF_CHAR = {
-    ch: NAME_OF[np.dtype(ch)] for ch in np.typecodes["All"] if np.dtype(ch) in NAME_OF
-}
+NAME_OF_CHAR = {ch: NAME_OF[np.dtype(ch)] for ch in np.typecodes["All"] if np.dtype(ch) in NAME_OF}
 
 
 def dtype_name(dtype: np.dtype, call: str, arg: str = "x") -> str:
