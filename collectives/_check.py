@@ -70,8 +70,8 @@ class Checker:
         buffer[1] = -fp
         request = self.mpi.Iallreduce(MPI.IN_PLACE, [buffer, MPI.INT64_T], MPI.MAX)
         if not request.Test():
-            pending = MpiPending([request])
-            pending.seq, pending.call = seq, f"check of {call}"
+            pending = MpiPending(request)
+            pending.info = (seq, f"check of {call}", None, None)
             pending.synchronize(self.comm)
         if buffer[0] == -buffer[1]:
             return

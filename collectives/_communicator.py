@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -343,18 +344,16 @@ class Communicator:
                 self._checker.verify(seq, call, array, name, op, root)
             if (
                 self._stages_device_arrays
+                and "cupy" in sys.modules  # no CuPy imported: no device arrays to stage
                 and (type(x) not in _HOST or type(out) not in _HOST)
                 and self._impl.needs_staging(x, out)
             ):
                 pending = self._impl.staged(verb, x, out, name, op, root)
             else:
                 pending = verb(x, out, name, op, root)
-            pending.seq = seq
-            pending.call = call
-            pending.track = self._track
-            if array is not None:
-                pending.shape = array.shape
-                pending.dtype = name
+            pending.info = (seq, call, None if array is None else array.shape, name)
+            if self._track:
+                pending.track = self._track
             self.recorder.append(pending)
             if self._group is not None:
                 self._group.append(pending)

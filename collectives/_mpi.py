@@ -120,44 +120,43 @@ def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callab
 
 
 class MpiPending(Pending):
-    """Non-blocking MPI requests; waiting polls them against the communicator's deadline."""
+    """One non-blocking MPI request; waiting polls it against the communicator's deadline."""
 
-    def __init__(self, requests: list, finish=None):
-        self.requests = requests
+    def __init__(self, request: MPI.Request, finish=None):
+        self.request = request
         self.finish = finish
         self.done = False
         self.start = time.monotonic()
 
     def test(self) -> bool:
-        if not self.done and MPI.Request.Testall(self.requests):
+        if not self.done and self.request.Test():
             self._complete()
         return self.done
 
     def synchronize(self, comm: Any) -> None:
         if self.done:
             return
-        requests = self.requests
-        test = requests[0].Test if len(requests) == 1 else (lambda: MPI.Request.Testall(requests))
-        # Poll as MPI's own blocking wait does (busy), looking at the clock every 256 polls;
-        # only a wait that has already lasted 10 ms starts yielding the core, and one past
-        # 1 s sleeps between polls.
-        start = self.start
-        deadline = start + comm.timeout
+        test = self.request.Test
         polls = 0
-        while not test():
+        while not test():  # busy, as MPI's own blocking wait polls
             polls += 1
             if polls & 255 == 0:
-                waited = time.monotonic() - start
-                if waited > 0.01:
-                    if start + waited > deadline:
-                        comm._die(timeout_error(comm, self, waited))
-                    if waited > 1.0:
-                        time.sleep(1e-3)
-                    else:
-                        os.sched_yield()
+                self._waited(comm)
         self._complete()
 
     wait = synchronize  # MPI has no stream to order: waiting is blocking
+
+    def _waited(self, comm: Any) -> None:
+        """Every 256 polls: past 10 ms start yielding the core, past 1 s sleep between polls,
+        past the timeout declare the communicator dead."""
+        waited = time.monotonic() - self.start
+        if waited > 0.01:
+            if waited > comm.timeout:
+                comm._die(timeout_error(comm, self, waited))
+            if waited > 1.0:
+                time.sleep(1e-3)
+            else:
+                os.sched_yield()
 
 
 class MpiBackend:
@@ -181,7 +180,7 @@ class MpiBackend:
             request = self.comm.Iallreduce(MPI.IN_PLACE, [x, t], MPI_OP[op])
         else:
             request = self.comm.Iallreduce([x, t], [out, t], MPI_OP[op])
-        return MpiPending([request], None if op != 4 else self._avg(op, out))  # 4: AVG
+        return MpiPending(request, None if op != 4 else self._avg(op, out))  # 4: AVG
 
     def reduce(self, x, out, name, op, root):
         if name in UPCAST:
@@ -189,18 +188,18 @@ class MpiBackend:
         t = MPI_TYPE[name]
         if self.rank != root:
             request = self.comm.Ireduce([x, t], None, MPI_OP[op], root)
-            return MpiPending([request])
+            return MpiPending(request)
         send = MPI.IN_PLACE if out is x else [x, t]
         request = self.comm.Ireduce(send, [out, t], MPI_OP[op], root)
-        return MpiPending([request], self._avg(op, out))
+        return MpiPending(request, self._avg(op, out))
 
     def broadcast(self, x, out, name, op, root):
-        return MpiPending([self.comm.Ibcast([x, MPI_TYPE[name]], root)])
+        return MpiPending(self.comm.Ibcast([x, MPI_TYPE[name]], root))
 
     def all_gather(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if is_slot(x, out, self.rank) else [x, t]
-        return MpiPending([self.comm.Iallgather(send, [out, t])])
+        return MpiPending(self.comm.Iallgather(send, [out, t]))
 
     def reduce_scatter(self, x, out, name, op, root):
         if name in UPCAST:
@@ -213,36 +212,36 @@ class MpiBackend:
             return pending
         t = MPI_TYPE[name]
         request = self.comm.Ireduce_scatter_block([x, t], [out, t], MPI_OP[op])
-        return MpiPending([request], self._avg(op, out))
+        return MpiPending(request, self._avg(op, out))
 
     def all_to_all(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        return MpiPending([self.comm.Ialltoall(send, [out, t])])
+        return MpiPending(self.comm.Ialltoall(send, [out, t]))
 
     def gather(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         if self.rank != root:
-            return MpiPending([self.comm.Igather([x, t], None, root)])
+            return MpiPending(self.comm.Igather([x, t], None, root))
         send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
-        return MpiPending([self.comm.Igather(send, [out, t], root)])
+        return MpiPending(self.comm.Igather(send, [out, t], root))
 
     def scatter(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         if self.rank != root:
-            return MpiPending([self.comm.Iscatter(None, [out, t], root)])
+            return MpiPending(self.comm.Iscatter(None, [out, t], root))
         if is_slot(out, x, root):
-            return MpiPending([self.comm.Iscatter([x, t], MPI.IN_PLACE, root)])
-        return MpiPending([self.comm.Iscatter([x, t], [out, t], root)])
+            return MpiPending(self.comm.Iscatter([x, t], MPI.IN_PLACE, root))
+        return MpiPending(self.comm.Iscatter([x, t], [out, t], root))
 
     def send(self, x, out, name, op, root):
-        return MpiPending([self.comm.Isend([x, MPI_TYPE[name]], root, _TAG)])
+        return MpiPending(self.comm.Isend([x, MPI_TYPE[name]], root, _TAG))
 
     def recv(self, x, out, name, op, root):
-        return MpiPending([self.comm.Irecv([out, MPI_TYPE[name]], root, _TAG)])
+        return MpiPending(self.comm.Irecv([out, MPI_TYPE[name]], root, _TAG))
 
     def barrier(self, x, out, name, op, root):
-        return MpiPending([self.comm.Ibarrier()])
+        return MpiPending(self.comm.Ibarrier())
 
     # Helpers shared by the verbs.
 

@@ -17,17 +17,30 @@ class Pending:
     ``test()`` polls, ``wait()`` orders the caller after the result (MPI: blocks),
     ``synchronize()`` blocks the host. ``finish`` runs once, after completion (host-side
     post-processing such as the division of AVG on MPI or the copy back of staged arrays).
-    The front end fills in ``seq``, ``call`` and what the call moved.
+    The front end fills in ``info``: (seq, call, shape, dtype), one tuple per call.
     """
 
     # Class-level defaults: creating one (once per call) sets only what differs.
-    seq = 0
-    call = "operation"
-    dtype: str | None = None
-    shape: tuple | None = None
+    info: tuple = (0, "operation", None, None)
     end = 0.0
     state = "started"
     track = 0
+
+    @property
+    def seq(self) -> int:
+        return self.info[0]
+
+    @property
+    def call(self) -> str:
+        return self.info[1]
+
+    @property
+    def shape(self) -> tuple | None:
+        return self.info[2]
+
+    @property
+    def dtype(self) -> str | None:
+        return self.info[3]
 
     def __init__(self, finish: Callable[[], None] | None = None):
         self.finish = finish
