@@ -129,7 +129,10 @@ def overlap_check(call: str, x: Any, out: Any) -> bool:
     """True when ``out`` is ``x``'s memory (in place); partial overlap is an error."""
     if x is out:
         return True
-    if x.base is None and out.base is None:
+    if isinstance(x, np.ndarray):
+        if not np.may_share_memory(x, out):  # a C-level extent check: the common answer
+            return False
+    elif x.base is None and out.base is None:
         return False  # two arrays that each own their memory cannot overlap
     x_ptr, out_ptr = _address(x), _address(out)
     if x_ptr == out_ptr and x.nbytes == out.nbytes:
@@ -148,5 +151,7 @@ def _address(a: Any) -> int:
 def is_slot(part: Any, whole: Any, index: int) -> bool:
     """True when ``part`` is exactly ``whole[index]`` (the in-place forms of gather/scatter)."""
     if part is None or whole is None or part.nbytes * whole.shape[0] != whole.nbytes:
+        return False
+    if isinstance(part, np.ndarray) and not np.may_share_memory(part, whole):
         return False
     return _address(part) == _address(whole) + index * part.nbytes
