@@ -55,6 +55,9 @@ class Checker:
         self.mpi = comm.mpi_comm.Dup()
         self.rank = comm.rank
         self.buffer = np.zeros(2, np.int64)
+        self._slots = self.buffer.data  # a memoryview: item writes cost less than NumPy's
+        self._spec = [self.buffer, MPI.INT64_T]
+        self._hashes: dict[tuple, int] = {}
 
     def verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         if call in POINT_TO_POINT:
@@ -62,18 +65,29 @@ class Checker:
         shape = None if array is None else array.shape
         if call == "scatter" and root == self.rank and shape is not None:
             shape = shape[1:]  # root holds the whole (size, *shape) array
-        code = -1 if op is None else int(op)
-        # One f-string and a crc32 per call; the readable description only on a mismatch.
-        fp = zlib.crc32(f"{seq}|{call}|{shape}|{name}|{root}|{code}".encode())
-        buffer = self.buffer
-        buffer[0] = fp
-        buffer[1] = -fp
-        request = self.mpi.Iallreduce(MPI.IN_PLACE, [buffer, MPI.INT64_T], MPI.MAX)
-        if not request.Test():
+        # Hash the call's fields once per distinct call (a training loop repeats a few), then
+        # mix in the sequence number, which changes every time.
+        key = (call, shape, name, root, op)
+        fixed = self._hashes.get(key)
+        if fixed is None:
+            code = -1 if op is None else int(op)
+            fixed = zlib.crc32(f"{call}|{shape}|{name}|{root}|{code}".encode())
+            if len(self._hashes) < 4096:
+                self._hashes[key] = fixed
+        fp = fixed ^ ((seq * 0x9E3779B1) & 0xFFFFFFFF)
+        slots = self._slots
+        slots[0] = fp
+        slots[1] = -fp
+        request = self.mpi.Iallreduce(MPI.IN_PLACE, self._spec, MPI.MAX)
+        test = request.Test
+        for _ in range(256):
+            if test():
+                break
+        else:  # a slow rank: wait under the communicator's timeout
             pending = MpiPending(request)
             pending.info = (seq, f"check of {call}", None, None)
             pending.synchronize(self.comm)
-        if buffer[0] == -buffer[1]:
+        if slots[0] == -slots[1]:
             return
         fields = describe_call(seq, call, shape, name, root, op)
         descriptions = self.mpi.allgather(fields)
