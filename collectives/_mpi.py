@@ -147,10 +147,10 @@ class MpiPending(Pending):
     wait = synchronize  # MPI has no stream to order: waiting is blocking
 
     def _waited(self, comm: Any) -> None:
-        """Every 256 polls: past 10 ms start yielding the core, past 1 s sleep between polls,
-        past the timeout declare the communicator dead."""
+        """Every 256 polls: past ``comm.yield_after`` seconds yield the core, past 1 s sleep
+        between polls, past the timeout declare the communicator dead."""
         waited = time.monotonic() - self.start
-        if waited > 0.01:
+        if waited > comm.yield_after:
             if waited > comm.timeout:
                 comm._die(timeout_error(comm, self, waited))
             if waited > 1.0:
