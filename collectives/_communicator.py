@@ -446,6 +446,15 @@ class Communicator:
         return array_module(x).empty(shape, x.dtype)
 
     def _out(self, call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
+        if (  # the common case, checked inline: a distinct NumPy array just like x
+            type(out) is np.ndarray
+            and type(x) is np.ndarray
+            and out.dtype is x.dtype
+            and out.shape == shape
+            and out.flags.c_contiguous
+            and not np.may_share_memory(x, out)
+        ):
+            return out
         out, out_name = unwrap(out, call, "out")
         same_kind(call, x, name, out, out_name, shape)
         return x if overlap_check(call, x, out) else out
