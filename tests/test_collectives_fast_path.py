@@ -1,0 +1,52 @@
+"""The per-call fast paths must reject exactly what the general checks reject (world size 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives as col
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = col.init(backend="mpi")
+    yield c
+    c.close()
+
+
+def test_non_native_byte_order_is_rejected(comm):
+    # The fast dtype lookup keys on dtype.char, which is the same for '>f4' and '<f4'.
+    big = np.ones(3, ">f4")
+    with pytest.raises(col.InvalidArgumentError, match=r"x has dtype >f4, expected one of"):
+        comm.all_reduce(big)
+    with pytest.raises(col.InvalidArgumentError, match=r"out has dtype >f4, expected one of"):
+        comm.all_reduce(np.ones(3, np.float32), out=big)
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        (np.zeros(5), r"out has shape \(5,\), expected \(4,\)"),
+        (np.zeros(4, np.float32), "out has dtype float32, expected float64"),
+        (np.zeros(8)[::2], r"out must be C-contiguous, got strides \(16,\)"),
+    ],
+)
+def test_out_fast_path_keeps_every_check(comm, out, message):
+    with pytest.raises(col.InvalidArgumentError, match=message):
+        comm.all_reduce(np.ones(4), out=out)
+
+
+def test_out_sharing_memory_goes_through_the_exact_check(comm):
+    buf = np.arange(8.0)
+    with pytest.raises(col.InvalidArgumentError, match="overlaps x without being the same memory"):
+        comm.all_reduce(buf[0:4], out=buf[2:6])
+    same = buf[0:4]
+    assert comm.all_reduce(same, out=buf[0:4]) is same  # the same memory: in place
+    np.testing.assert_array_equal(buf, np.arange(8.0))
+
+
+def test_wait_yields_early_only_when_ranks_outnumber_cores(comm):
+    # One rank on this node: never more ranks than cores, so polls stay busy for 10 ms.
+    assert comm.local_size == 1
+    assert comm.yield_after == 1e-2
