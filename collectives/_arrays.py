@@ -106,6 +106,8 @@ def _unwrap(x: Any, call: str, arg: str) -> tuple[Any, str]:
             array, name = array.array, "bfloat16"
         else:
             name = dtype_name(array.dtype, call, arg)
+            if name == "bfloat16":  # ml_dtypes' NumPy bfloat16: the same bits, seen as uint16
+                array = array.view(np.uint16)
     if not array.flags.c_contiguous:
         raise invalid(call, f"{arg} must be C-contiguous, got strides {array.strides}")
     return array, name

@@ -50,3 +50,13 @@ def test_wait_yields_early_only_when_ranks_outnumber_cores(comm):
     # One rank on this node: never more ranks than cores, so polls stay busy for 10 ms.
     assert comm.local_size == 1
     assert comm.yield_after == 1e-2
+
+
+def test_ml_dtypes_bfloat16_is_reduced_as_bfloat16(comm):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.array([1.0, 2.5, -3.0], ml_dtypes.bfloat16)
+    out = np.zeros(3, ml_dtypes.bfloat16)
+    comm.all_reduce(x, out=out)
+    np.testing.assert_array_equal(out.astype(np.float32), [1.0, 2.5, -3.0])
+    comm.all_reduce(x, op="max")  # in place, through the float32 path
+    np.testing.assert_array_equal(x.astype(np.float32), [1.0, 2.5, -3.0])
