@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -12,7 +13,8 @@ import collectives as col
 WORLD_SIZES = (2, 3)
 
 
-def test_stuck_collective_times_out_naming_call_and_missing_ranks():
+def test_stuck_collective_times_out_naming_call_and_missing_ranks(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_FLIGHT_RECORDER", str(tmp_path))
     comm = col.init(timeout=1.0)
     x = np.ones(3)
     comm.all_reduce(x)
@@ -29,6 +31,11 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks():
         with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
             comm.broadcast(x)
         assert [c["state"] for c in comm.flight_record()] == ["completed", "timed out"]
+        dumped = json.loads((tmp_path / "flight-recorder.rank0.json").read_text())
+        assert [(c["seq"], c["call"], c["state"]) for c in dumped["calls"]] == [
+            (1, "all_reduce", "completed"),
+            (2, "all_reduce", "timed out"),
+        ]
     comm.close()
 
 
