@@ -60,3 +60,33 @@ def test_ml_dtypes_bfloat16_is_reduced_as_bfloat16(comm):
     np.testing.assert_array_equal(out.astype(np.float32), [1.0, 2.5, -3.0])
     comm.all_reduce(x, op="max")  # in place, through the float32 path
     np.testing.assert_array_equal(x.astype(np.float32), [1.0, 2.5, -3.0])
+
+
+class _DLPackOnly:
+    """An array object that offers only the DLPack protocol (as PyTorch and JAX arrays do)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_dlpack_objects_are_taken_zero_copy(comm):
+    backing = np.arange(4.0)
+    result = comm.all_reduce(_DLPackOnly(backing), op="max")
+    assert np.shares_memory(result, backing)
+    out = np.zeros(4)
+    comm.all_gather(_DLPackOnly(backing), out=out.reshape(1, 4))
+    np.testing.assert_array_equal(out, backing)
+
+
+def test_torch_tensor_is_reduced_in_place(comm):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(4, dtype=torch.float32)
+    comm.all_reduce(t)  # world size 1: the sum is the tensor itself, written in place
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert np.shares_memory(comm.broadcast(t), t.numpy())
