@@ -24,6 +24,7 @@ from ._case import Case
 from ._ours import Built
 
 BASELINES = ("mpi4py", "nccl", "torch", "cupyx")
+_REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
 
 def _ring(case: Case) -> tuple[int, int]:
@@ -250,6 +251,8 @@ class TorchBaseline:
 
     def build(self, case: Case) -> Built | None:
         d = self.dist
+        if not self.gpu and case.redop == "avg" and case.op in _REDUCING:
+            return None  # gloo has no ReduceOp.AVG
         s, r, b = self._tensor(case.send), self._tensor(case.recv), self._tensor(case.buf)
         op, root = self.ops[case.redop], case.root
         if not case.inplace and case.op in ("all_reduce", "reduce", "broadcast"):
@@ -302,14 +305,25 @@ class CupyxBaseline:
     name = "cupyx"
 
     def __init__(self, mpi_comm: Any):
-        from cupyx.distributed import init_process_group
+        import inspect
 
-        self.comm = init_process_group(mpi_comm.size, mpi_comm.rank, use_mpi=True)
+        from cupyx.distributed import _nccl_comm, init_process_group
+
+        # CuPy 13 takes use_mpi=True; versions with force_store use MPI when it is importable.
+        mpi = (
+            {"use_mpi": True}
+            if "use_mpi" in inspect.signature(init_process_group).parameters
+            else {}
+        )
+        self.comm = init_process_group(mpi_comm.size, mpi_comm.rank, **mpi)
+        self.redops = set(getattr(_nccl_comm, "_nccl_ops", ("sum", "prod", "max", "min")))
 
     def build(self, case: Case) -> Built | None:
         x, s, r, b, root, op = self.comm, case.send, case.recv, case.buf, case.root, case.redop
         if case.inplace and case.op not in ("all_reduce", "broadcast", "reduce"):
             return None
+        if case.op in _REDUCING and op not in self.redops:
+            return None  # cupyx.distributed has no average
         if case.op == "all_reduce":
             if case.inplace:
                 return (lambda: x.all_reduce(b, b, op)), lambda: b
@@ -327,7 +341,9 @@ class CupyxBaseline:
         if case.op == "all_to_all":
             return (lambda: x.all_to_all(s, r)), lambda: r
         if case.op == "gather":
-            return (lambda: x.gather(s, r, root)), lambda: r if case.is_root else None
+            # cupyx checks out_array.shape[0] == size on every rank, root or not
+            out = r if case.is_root else case.xp.empty((case.size, 0), case.dtype)
+            return (lambda: x.gather(s, out, root)), lambda: r if case.is_root else None
         if case.op == "scatter":
             return (lambda: x.scatter(s, r, root)), lambda: r
         if case.op == "sendrecv":

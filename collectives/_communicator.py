@@ -443,7 +443,11 @@ class Communicator:
             raise invalid(call, f"x has shape {x.shape}, expected a first axis of size {self.size}")
 
     def _new(self, x: Any, shape: tuple) -> Any:
-        return array_module(x).empty(shape, x.dtype)
+        xp = array_module(x)
+        if xp is np:
+            return np.empty(shape, x.dtype)
+        with x.device:  # on x's GPU, whichever is current
+            return xp.empty(shape, x.dtype)
 
     def _out(self, call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
         if (  # the common case, checked inline: a distinct NumPy array just like x

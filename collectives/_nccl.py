@@ -53,6 +53,11 @@ class NcclPending(Pending):
         return self.done
 
     def wait(self, comm: Any) -> None:
+        if self.event is None:
+            raise invalid(
+                "Work.wait",
+                "the call is inside a comm.group() that has not ended; wait after the with-block",
+            )
         if self.blocking:
             self.synchronize(comm)
             return
@@ -62,6 +67,12 @@ class NcclPending(Pending):
         cupy.cuda.get_current_stream().wait_event(self.event)
 
     def synchronize(self, comm: Any) -> None:
+        if self.event is None:
+            raise invalid(
+                "Work.synchronize",
+                "the call is inside a comm.group() that has not "
+                "ended; synchronize after the with-block",
+            )
         start = self.start
         while not self.test():
             self.backend.raise_if_failed(comm)
@@ -98,6 +109,7 @@ class NcclBackend:
         self._lock = threading.Lock()
         self._error: CollectivesError | None = None
         self._grouped: list[NcclPending] | None = None
+        self._after_group: list = []  # stream work that must follow the group's NCCL launch
         self._front: Any = None
         self._stop = threading.Event()
         self._watchdog = threading.Thread(
@@ -107,6 +119,13 @@ class NcclBackend:
 
     # ---------------------------------------------------------------- failure handling
 
+    def _take_comm(self) -> Any:
+        """Detach the NCCL communicator, once: the watchdog and the caller's thread may both
+        try to abort it, and it must never be queried while it is being torn down."""
+        with self._lock:
+            comm, self.comm = self.comm, None
+        return comm
+
     def fail(self, error: CollectivesError) -> None:
         """Abort the NCCL communicator once, remembering why."""
         with self._lock:
@@ -114,7 +133,7 @@ class NcclBackend:
                 return
             self._error = error
             self._in_flight.clear()
-        comm, self.comm = self.comm, None
+        comm = self._take_comm()
         if comm is not None:
             comm.abort()
 
@@ -134,8 +153,9 @@ class NcclBackend:
                 self.fail(timeout_error(self._front, oldest, now - oldest.start))
                 return
             try:
-                if self.comm is not None:
-                    self.comm.check_async_error()
+                with self._lock:  # close() and abort() take the communicator under this lock
+                    if self.comm is not None:
+                        self.comm.check_async_error()
             except Exception as e:
                 self.fail(CollectivesError(f"NCCL reported an asynchronous error: {e}"))
                 return
@@ -165,16 +185,22 @@ class NcclBackend:
             self._front._die(self._error)
         pending = NcclPending(self, blocking)
         grouped = self._grouped
-        if grouped is None or not grouped:
-            caller = self.cupy.cuda.get_current_stream()
-            if caller.ptr != self.stream.ptr:
-                self.stream.wait_event(caller.record())
-        with self.cupy.cuda.Device(self.device):
-            issue(self.stream.ptr)
+        # Every call, grouped ones included: the caller may have queued more work on its
+        # stream between two calls of a group (NCCL launches the group's kernels at its end).
+        caller = self.cupy.cuda.get_current_stream()
+        if caller.ptr != self.stream.ptr:
+            self.stream.wait_event(caller.record())
+        try:
+            with self.cupy.cuda.Device(self.device):
+                issue(self.stream.ptr)
+                if grouped is None:
+                    pending.event = self.stream.record()
+        except Exception:
+            if self._error is not None:  # aborted by the watchdog while issuing
+                self._front._die(self._error)
+            raise
         if grouped is not None:
             grouped.append(pending)
-        else:
-            pending.event = self.stream.record()
         with self._lock:
             self._in_flight.append((pending, arrays))
         return pending
@@ -191,6 +217,9 @@ class NcclBackend:
         if op is ReduceOp.AVG and not self.has_avg:
             from ._mpi import divide_in_place
 
+            if self._grouped is not None:  # the reduction itself is launched at group end
+                self._after_group.append(lambda: divide_in_place(out, self.size))
+                return
             with self.stream:
                 divide_in_place(out, self.size)
 
@@ -249,7 +278,10 @@ class NcclBackend:
                 "the in-place form (out is x) cannot run inside "
                 "comm.group() on NCCL; pass a distinct out",
             )
-        target = self.cupy.empty_like(out) if in_place else out
+        target = out
+        if in_place:
+            with self.cupy.cuda.Device(self.device):  # on out's device, whichever is current
+                target = self.cupy.empty_like(out)
         count, dtype = self._count(x[0], name) if x.shape[0] else (0, NCCL_TYPE[name])
 
         def issue(s):
@@ -320,12 +352,18 @@ class NcclBackend:
 
     def group_start(self) -> None:
         self._grouped = []
+        self._after_group = []
         self.nccl.groupStart()
 
     def group_end(self, pendings: list) -> None:
         grouped, self._grouped = self._grouped or [], None
-        self.nccl.groupEnd()
-        event = self.stream.record()
+        after, self._after_group = self._after_group, []
+        with self.cupy.cuda.Device(self.device):
+            self.nccl.groupEnd()
+            with self.stream:
+                for work in after:
+                    work()
+            event = self.stream.record()
         for pending in grouped:
             pending.event = event
 
@@ -344,15 +382,25 @@ class NcclBackend:
         return impl, {"device": self.device, "stream": impl.stream}
 
     def close(self) -> None:
+        """Destroy once the work in flight has finished; abort if it has not within the
+        timeout (a peer that never arrives must not hang ``close``)."""
         self._stop.set()
-        comm, self.comm = self.comm, None
-        if comm is not None:
-            self.stream.synchronize()
-            comm.destroy()
+        comm = self._take_comm()
+        if comm is None:
+            return
+        with self.cupy.cuda.Device(self.device):
+            drained = self.stream.record()
+        deadline = time.monotonic() + self.timeout
+        while not drained.done:
+            if time.monotonic() > deadline:
+                comm.abort()
+                return
+            time.sleep(1e-3)
+        comm.destroy()
 
     def abort(self) -> None:
         self._stop.set()
-        comm, self.comm = self.comm, None
+        comm = self._take_comm()
         if comm is not None:
             comm.abort()
 

@@ -14,7 +14,30 @@ from collectives._nccl import nccl_unavailable_reason
 
 WORLD_SIZES = (1, 2)
 
-_REASON = nccl_unavailable_reason()
+
+def _skip_reason() -> str | None:
+    """Why this world cannot run NCCL here: no GPU or NCCL, or more ranks than GPUs without
+    NCCL's multi-rank-per-GPU mode (NCCL >= 2.30.3 with NCCL_MULTI_RANK_GPU_ENABLE=1)."""
+    reason = nccl_unavailable_reason()
+    if reason is not None:
+        return reason
+    import os
+
+    import cupy
+    from cupy.cuda import nccl
+    from mpi4py import MPI
+
+    ranks_per_gpu = -(-MPI.COMM_WORLD.Get_size() // cupy.cuda.runtime.getDeviceCount())
+    shared = nccl.get_version() >= 23003 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+    if ranks_per_gpu > 2 or (ranks_per_gpu == 2 and not shared):
+        return (
+            f"{ranks_per_gpu} ranks per GPU need NCCL >= 2.30.3 with "
+            "NCCL_MULTI_RANK_GPU_ENABLE=1 (at most 2 per GPU)"
+        )
+    return None
+
+
+_REASON = _skip_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"NCCL backend: {_REASON}")
 
 
@@ -29,8 +52,10 @@ def _data(rank: int, shape, dtype):
     return (np.arange(int(np.prod(shape))).reshape(shape) % 5 + rank + 1).astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "uint8", "int32",
-                                   "uint32", "int64", "uint64"])
+@pytest.mark.parametrize(
+    "dtype",
+    ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64"],
+)
 def test_all_reduce_every_dtype(nccl, dtype):
     import cupy
 
@@ -50,8 +75,13 @@ def test_all_reduce_every_op(nccl, op):
 
     size = nccl.size
     stack = np.stack([_data(r, (8,), np.float64) for r in range(size)])
-    expected = {"sum": stack.sum(0), "prod": stack.prod(0), "max": stack.max(0),
-                "min": stack.min(0), "avg": stack.mean(0)}[op]
+    expected = {
+        "sum": stack.sum(0),
+        "prod": stack.prod(0),
+        "max": stack.max(0),
+        "min": stack.min(0),
+        "avg": stack.mean(0),
+    }[op]
     x = cupy.asarray(_data(nccl.rank, (8,), np.float64))
     nccl.all_reduce(x, op=op)
     np.testing.assert_allclose(x.get(), expected)
@@ -89,8 +119,9 @@ def test_every_verb(nccl):
     g = nccl.gather(x, root=root)
     if rank == root:
         assert g.get()[:, 0].tolist() == list(range(size))
-    sc = nccl.scatter(cupy.arange(size * 2.0).reshape(size, 2) if rank == 0 else None,
-                      out=cupy.empty(2), root=0)
+    sc = nccl.scatter(
+        cupy.arange(size * 2.0).reshape(size, 2) if rank == 0 else None, out=cupy.empty(2), root=0
+    )
     assert sc.get().tolist() == [2.0 * rank, 2.0 * rank + 1]
     with nccl.group():
         nccl.send(cupy.full(2, rank, cupy.float64), (rank + 1) % size)
@@ -114,6 +145,36 @@ def test_stream_semantics_and_async(nccl):
     assert nccl.stream is not None and nccl.device == cupy.cuda.Device().id
 
 
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+def test_group_orders_each_call_after_the_callers_stream(nccl):
+    """Work queued between two calls of a group runs before the group's transfers."""
+    import cupy
+
+    size, rank = nccl.size, nccl.rank
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    spin = cupy.RawKernel(_SPIN, "spin")
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        a, b = cupy.zeros(4, cupy.float32), cupy.zeros(4, cupy.float32)
+        got_a, got_b = cupy.empty_like(a), cupy.empty_like(b)
+        with nccl.group():
+            nccl.send(a, nxt)
+            nccl.recv(got_a, prv)
+            spin((1,), (1,), (cupy.int64(1 << 27),))  # keeps `side` busy for a while
+            b.fill(rank + 1)
+            nccl.send(b, nxt)
+            nccl.recv(got_b, prv)
+        assert got_b.get().tolist() == [prv + 1.0] * 4
+        assert got_a.get().tolist() == [0.0] * 4
+
+
 def test_host_array_is_rejected(nccl):
     with pytest.raises(col.InvalidArgumentError, match="must be a CuPy array on device"):
         nccl.all_reduce(np.ones(3))
@@ -127,3 +188,15 @@ def test_split_and_mesh(nccl):
     half.all_reduce(x)
     assert x.get().tolist() == [half.size] * 2
     half.close()
+
+
+def test_wait_inside_an_unfinished_group_is_a_clear_error(nccl):
+    import cupy
+
+    x = cupy.ones(2)
+    with nccl.group():
+        work = nccl.all_reduce(x, async_op=True)
+        with pytest.raises(col.InvalidArgumentError, match="has not ended"):
+            work.wait()
+    work.wait()
+    assert x.get().tolist() == [nccl.size] * 2
