@@ -347,9 +347,6 @@ class NcclBackend:
 
     # ---------------------------------------------------------------- groups and lifetime
 
-    def needs_staging(self, x: Any, out: Any) -> bool:
-        return False
-
     def group_start(self) -> None:
         self._grouped = []
         self._after_group = []

@@ -17,7 +17,8 @@ from mpi4py import MPI
 
 
 class ProgressBoard:
-    """``post(seq)`` on every call; ``report()`` says who is behind ``seq``."""
+    """``slots[local_rank]`` holds each rank's latest call number (the communicator writes its
+    own on every call); ``report()`` says which ranks are behind this one."""
 
     def __init__(self, mpi_comm: MPI.Comm):
         local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -41,9 +42,6 @@ class ProgressBoard:
         finally:
             local.Free()
         self.slots: Any = memoryview(self._map).cast("q")
-
-    def post(self, seq: int) -> None:
-        self.slots[self.local_rank] = seq
 
     def report(self) -> str:
         slots = self.slots
