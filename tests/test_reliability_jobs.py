@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,9 +25,14 @@ def _job(tmp_path: Path, script: str, size: int, env: dict, timeout: float = 60)
     path = tmp_path / "job.py"
     path.write_text(script)
     start = time.monotonic()
-    proc = subprocess.run([mpiexec(), "-n", str(size), sys.executable, str(path)], cwd=REPO,
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [mpiexec(), "-n", str(size), sys.executable, str(path)],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc, time.monotonic() - start
 
 
@@ -58,8 +64,12 @@ comm.close()
     files = sorted(str(p) for p in tmp_path.glob("trace.rank*.json"))
     assert len(files) == 2
     merged = tmp_path / "all.json"
-    run = subprocess.run([sys.executable, "-m", "collectives.timeline", "merge", "-o", str(merged),
-                          *files], cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "collectives.timeline", "merge", "-o", str(merged), *files],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     events = json.loads(merged.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
@@ -69,3 +79,34 @@ comm.close()
     assert sorted(e["name"] for e in buckets) == ["bucket 0", "bucket 0", "bucket 1", "bucket 1"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert {"rank 0", "rank 1", "ddp buckets"} <= names
+
+
+def test_ctrl_c_interrupts_a_waiting_collective(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text("""
+import signal, sys, numpy as np, collectives as col
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+comm = col.init(timeout=60)
+print("waiting", flush=True)
+try:
+    with comm.group():
+        comm.recv(np.empty(2), 0)   # nothing ever sends
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(3)
+""")
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "waiting"
+    time.sleep(0.5)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err
+    assert "interrupted" in out
+    assert time.monotonic() - start < 10  # not the 60 s timeout
