@@ -4,6 +4,11 @@ Each rank hashes its call's fields with crc32 (stable across processes, unlike P
 salted ``hash()``). One small non-blocking all-reduce of ``(hash, -hash)`` with MAX yields
 the largest and the smallest hash at once; only when they differ do the ranks exchange
 their descriptions, so that every rank raises the same error naming who differs and how.
+
+That all-reduce is the same every time, so where MPI has persistent collectives (MPI 4) it is
+made once with ``Allreduce_init`` and only started per call: MPICH then skips building a
+schedule, which for 16 bytes costs more than the exchange (2 ranks, one node: 1.9 us per
+started request against 4.0 us per ``Iallreduce``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ class Checker:
         self._slots = self.buffer.data  # a memoryview: item writes cost less than NumPy's
         self._spec = [self.buffer, MPI.INT64_T]
         self._hashes: dict[tuple, int] = {}
+        self._request: MPI.Prequest | None = None
+        if MPI.Get_version() >= (4, 0) and hasattr(self.mpi, "Allreduce_init"):
+            self._request = self.mpi.Allreduce_init(MPI.IN_PLACE, self._spec, MPI.MAX)
 
     def verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         if call in POINT_TO_POINT:
@@ -78,15 +86,20 @@ class Checker:
         slots = self._slots
         slots[0] = fp
         slots[1] = -fp
-        request = self.mpi.Iallreduce(MPI.IN_PLACE, self._spec, MPI.MAX)
+        request = self._request
+        if request is not None:
+            request.Start()
+        else:
+            request = self.mpi.Iallreduce(MPI.IN_PLACE, self._spec, MPI.MAX)
         test = request.Test
-        for _ in range(256):
-            if test():
+        polls = 0
+        while not test():
+            polls += 1
+            if polls == 256:  # a slow rank: wait under the communicator's timeout
+                pending = MpiPending(request)
+                pending.info = (seq, f"check of {call}", None, None)
+                pending.synchronize(self.comm)
                 break
-        else:  # a slow rank: wait under the communicator's timeout
-            pending = MpiPending(request)
-            pending.info = (seq, f"check of {call}", None, None)
-            pending.synchronize(self.comm)
         if slots[0] == -slots[1]:
             return
         fields = describe_call(seq, call, shape, name, root, op)
@@ -94,5 +107,9 @@ class Checker:
         raise CollectiveMismatchError(f"{call}: {mismatch_message(descriptions)}")
 
     def close(self) -> None:
+        # A request still active (a check that timed out) cannot be freed; MPI keeps it.
+        if self._request is not None and self._request.Test():
+            self._request.Free()
+            self._request = None
         if self.mpi != MPI.COMM_NULL:
             self.mpi.Free()

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from time import monotonic
 from typing import Any
 
 import numpy as np
@@ -22,9 +23,10 @@ from . import _timeline
 from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, invalid
+from ._mpi import FAST_OP, FAST_TYPE, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
-from ._work import Work
+from ._work import Work, recorded
 
 RECORDER_LENGTH = 64
 _HOST = frozenset({np.ndarray, type(None)})
@@ -33,6 +35,8 @@ _IN_USE = (
     "communicator from one thread at a time"
 )
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
+_OP_TYPES = frozenset({str, ReduceOp})
+_IN_PLACE = MPI.IN_PLACE
 
 
 class Communicator:
@@ -77,7 +81,10 @@ class Communicator:
         self._group: list | None = None
         self._group_owner = 0
         self._unusable: CollectivesError | None = None
-        self._lock = threading.Lock()
+        # The one-thread-at-a-time guard: a call takes this token and gives it back; a second
+        # thread that finds none is refused. (list.pop and list.append are atomic, and cost a
+        # third of a Lock's acquire and release, which matters per call.)
+        self._token = [None]
         self._stages_device_arrays = backend == "mpi"
         self._check_arrays = getattr(impl, "check_arrays", None)
         if hasattr(impl, "attach"):
@@ -93,6 +100,11 @@ class Communicator:
             from ._check import Checker
 
             self._checker = Checker(self)
+        # The MPI communicator that synchronous host calls may go to directly (_mpi_sync), or
+        # None while that is not allowed: other backends, a timeline to draw, inside group(),
+        # and once the communicator is closed or dead.
+        self._direct = impl.comm if backend == "mpi" and not self._track else None
+        self._fast = self._direct
 
     def __repr__(self) -> str:
         return (
@@ -109,6 +121,19 @@ class Communicator:
 
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
+        mpi = self._fast
+        if mpi is not None and type(x) is np.ndarray and not async_op and type(op) in _OP_TYPES:
+            dtype = x.dtype
+            types, ops = FAST_TYPE.get(dtype.char), FAST_OP.get(op)
+            if types is not None and ops is not None and dtype.isnative and x.flags.c_contiguous:
+                name, t = types
+                if out is None or out is x:
+                    args: tuple | None = (_IN_PLACE, [x, t], ops[1])
+                else:
+                    args = ([x, t], [out, t], ops[1]) if _distinct_twin(out, x) else None
+                if args is not None:
+                    self._mpi_sync("all_reduce", mpi.Iallreduce, args, x, name, ops[0], None)
+                    return x if out is None else out
         x, name = unwrap(x, "all_reduce")
         rop = BY_NAME.get(op) if type(op) is str else None
         op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
@@ -137,6 +162,15 @@ class Communicator:
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
+        mpi = self._fast
+        if mpi is not None and type(x) is np.ndarray and not async_op and type(root) is int:
+            dtype = x.dtype
+            types = FAST_TYPE.get(dtype.char)
+            if types is not None and dtype.isnative and x.flags.c_contiguous:
+                if 0 <= root < self.size:
+                    name, t = types
+                    self._mpi_sync("broadcast", mpi.Ibcast, ([x, t], root), x, name, None, root)
+                    return x
         x, name = unwrap(x, "broadcast")
         self._root("broadcast", root)
         return self._run("broadcast", self._impl.broadcast, x, x, name, None, root, async_op, x)
@@ -253,6 +287,7 @@ class Communicator:
         self._usable("group")
         self._group_owner = threading.get_ident()
         self._group = []
+        self._fast = None
         self._impl.group_start()
         failed = True
         try:
@@ -260,6 +295,8 @@ class Communicator:
             failed = False
         finally:
             pendings, self._group = self._group, None
+            if self._unusable is None:
+                self._fast = self._direct
             self._impl.group_end(pendings)
             if not failed:
                 for pending in pendings:
@@ -294,6 +331,7 @@ class Communicator:
         if isinstance(self._unusable, _Closed):
             return
         self._unusable = _Closed("communicator is closed")
+        self._fast = None
         self._impl.close()
         self._free_mpi()
 
@@ -302,6 +340,7 @@ class Communicator:
         if isinstance(self._unusable, _Closed):
             return
         self._unusable = _Closed("communicator was aborted")
+        self._fast = None
         self._impl.abort()
         self._free_mpi()
 
@@ -331,13 +370,54 @@ class Communicator:
 
     # ---------------------------------------------------------------- internals
 
+    def _mpi_sync(self, call, issue, args, array, name, op, root) -> None:
+        """A synchronous call on host arrays, straight to MPI: ``issue(*args)`` starts it.
+
+        What :meth:`_run` does, for the calls that need least of it: the same thread guard,
+        numbering, check, progress board and flight recorder (an entry is a list, not an
+        object), the request polled in line, the timeout only looked at once the call has
+        lasted ``yield_after``. This is the per-call cost that small messages see; what can
+        wait until the request is posted does, so that it may overlap the exchange.
+        """
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            raise invalid(call, _IN_USE) from None
+        try:
+            self._seq = seq = self._seq + 1
+            if self._checker is not None:
+                self._progress_slots[self._progress_slot] = seq
+                self._checker.verify(seq, call, array, name, op, root)
+            request = issue(*args)
+            start = monotonic()
+            self._progress_slots[self._progress_slot] = seq
+            entry = [seq, call, array.shape, name, start, 0.0]
+            self.recorder.append(entry)
+            test = request.Test
+            polls = 0
+            while not test():
+                polls += 1
+                if polls & 255 == 0 and monotonic() - start > self.yield_after:
+                    self._mpi_wait(request, entry)
+                    break
+            entry[5] = monotonic()
+        finally:
+            token.append(None)
+
+    def _mpi_wait(self, request: MPI.Request, entry: list) -> None:
+        """The rest of a long :meth:`_mpi_sync` wait: yielding the core, under the timeout."""
+        pending = MpiPending(request)
+        pending.info, pending.start = tuple(entry[:4]), entry[4]
+        self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
+        pending.synchronize(self)
+
     def _run(self, call, verb, x, out, name, op, root, async_op, result):
         if self._unusable is not None:
             raise self._unusable_error(call)
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
-        if not self._lock.acquire(False):
-            raise invalid(call, _IN_USE)
+        self._take_token(call)
         try:
             if self._group is not None and self._group_owner != threading.get_ident():
                 raise invalid(call, _IN_USE)
@@ -366,7 +446,14 @@ class Communicator:
                 return result
             return Work(self, pending, result) if async_op else result
         finally:
-            self._lock.release()
+            self._token.append(None)
+
+    def _take_token(self, call: str) -> None:
+        """Take the one-thread-at-a-time token (``_mpi_sync`` does the same in line)."""
+        try:
+            self._token.pop()
+        except IndexError:
+            raise invalid(call, _IN_USE) from None
 
     def _wait(self, pending) -> None:
         pending.wait(self)
@@ -378,13 +465,14 @@ class Communicator:
         """Mark the communicator dead after a timeout, abort the backend, raise ``error``."""
         if self._unusable is None:
             self._unusable = error
+            self._fast = None
             self._dump_flight_record()
             self._impl.abort()
         raise error
 
     def flight_record(self) -> list[dict]:
         """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
-        return [p.as_dict() for p in self.recorder]
+        return [recorded(p).as_dict() for p in self.recorder]
 
     def _dump_flight_record(self) -> None:
         folder = os.environ.get("COLLECTIVES_FLIGHT_RECORDER")
@@ -450,14 +538,7 @@ class Communicator:
             return xp.empty(shape, x.dtype)
 
     def _out(self, call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
-        if (  # the common case, checked inline: a distinct NumPy array just like x
-            type(out) is np.ndarray
-            and type(x) is np.ndarray
-            and out.dtype is x.dtype
-            and out.shape == shape
-            and out.flags.c_contiguous
-            and not np.may_share_memory(x, out)
-        ):
+        if type(x) is np.ndarray and _distinct_twin(out, x) and out.shape == shape:
             return out
         out, out_name = unwrap(out, call, "out")
         same_kind(call, x, name, out, out_name, shape)
@@ -471,6 +552,18 @@ class Communicator:
         if not is_slot(part, whole, self.rank):
             overlap_check(call, x, out)
         return out
+
+
+def _distinct_twin(out: Any, x: Any) -> bool:
+    """True when ``out`` is a NumPy array of ``x``'s dtype and shape, apart from it."""
+    return (
+        type(out) is np.ndarray
+        and out.dtype is x.dtype
+        and out.shape == x.shape
+        and out.flags.c_contiguous
+        # two arrays that each own their memory are apart; otherwise compare extents
+        and ((out.base is None and x.base is None) or not np.may_share_memory(x, out))
+    )
 
 
 def _cores() -> int:

@@ -16,7 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ._arrays import is_device_array, is_slot
-from ._ops import ReduceOp
+from ._dtypes import COMPLEX, NAME_OF_CHAR
+from ._ops import BY_NAME, ReduceOp
 from ._work import Pending, timeout_error
 
 
@@ -53,6 +54,17 @@ MPI_OP = {
     ReduceOp.MIN: MPI.MIN,
     ReduceOp.AVG: MPI.SUM,
 }
+
+#: dtype.char -> (name, MPI type) for the dtypes MPI reduces natively, looked up once per call
+#: on the front end's fast path (complex is left to the checked path: it has no max or min)
+FAST_TYPE = {
+    ch: (name, MPI_TYPE[name])
+    for ch, name in NAME_OF_CHAR.items()
+    if name not in UPCAST and name not in COMPLEX
+}
+
+#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op), AVG excepted
+FAST_OP = {key: (op, MPI_OP[op]) for key, op in BY_NAME.items() if op is not ReduceOp.AVG}
 
 _TAG = 7071
 

@@ -92,9 +92,27 @@ class Pending:
         }
 
 
+class Recorded(Pending):
+    """A flight-recorder entry that the fast synchronous path stored as a plain list
+    ``[seq, call, shape, dtype, start, end]`` (end 0.0 until it completes): an object is
+    made only when someone reads the recorder."""
+
+    def __init__(self, entry: list):
+        self.info, self.start, self.end = tuple(entry[:4]), entry[4], entry[5]
+        self.done = self.end > 0.0
+        self.state = "completed" if self.done else "started"
+        self.finish = None
+
+
+def recorded(entry: Pending | list) -> Pending:
+    """A flight-recorder entry, whichever form it was stored in."""
+    return entry if isinstance(entry, Pending) else Recorded(entry)
+
+
 def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
     pending.state = "timed out"
-    recent = "; ".join(f"#{p.seq} {p.call} {p.state}" for p in list(comm.recorder)[-5:])
+    last = [recorded(p) for p in list(comm.recorder)[-5:]]
+    recent = "; ".join(f"#{p.seq} {p.call} {p.state}" for p in last)
     return CollectiveTimeoutError(
         f"{pending.describe()} on rank {comm.rank} did not complete after {waited:.1f} s "
         f"(timeout {comm.timeout:g} s); the communicator (world ranks "

@@ -90,3 +90,50 @@ def test_torch_tensor_is_reduced_in_place(comm):
     comm.all_reduce(t)  # world size 1: the sum is the tensor itself, written in place
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert np.shares_memory(comm.broadcast(t), t.numpy())
+
+
+@pytest.mark.parametrize("op", ["SUM", 0, None, ["sum"]])
+def test_direct_path_leaves_odd_ops_to_the_checked_path(comm, op):
+    # "SUM" is accepted (case-insensitive); the rest are refused, and none may slip through.
+    x = np.ones(2)
+    if op == "SUM":
+        np.testing.assert_array_equal(comm.all_reduce(x, op), [1.0, 1.0])
+    else:
+        with pytest.raises(col.InvalidArgumentError, match="op must be one of"):
+            comm.all_reduce(x, op)
+
+
+@pytest.mark.parametrize("root", [1, -1, 0.0, True])
+def test_direct_broadcast_checks_the_root(comm, root):
+    with pytest.raises(
+        col.InvalidArgumentError, match=r"broadcast: root must be an int in \[0, 1\)"
+    ):
+        comm.broadcast(np.ones(2), root)
+
+
+def test_direct_calls_are_recorded_and_numbered(comm):
+    start = len(comm.flight_record())
+    x = np.ones((2, 3), np.int32)
+    comm.all_reduce(x, out=np.empty_like(x))
+    comm.broadcast(x)
+    comm.all_reduce(np.ones(0))  # an empty array works
+    record = comm.flight_record()[start:]
+    assert [(c["call"], c["nbytes"], c["shape"], c["state"]) for c in record] == [
+        ("all_reduce", 24, (2, 3), "completed"),
+        ("broadcast", 24, (2, 3), "completed"),
+        ("all_reduce", 0, (0,), "completed"),
+    ]
+    seqs = [c["seq"] for c in record]
+    assert seqs == list(range(seqs[0], seqs[0] + 3))
+
+
+def test_direct_path_is_off_inside_a_group_and_after_close():
+    c = col.init(backend="mpi")
+    assert c._fast is not None
+    with c.group():
+        assert c._fast is None
+        c.all_reduce(np.ones(2))
+    assert c._fast is not None
+    c.close()
+    with pytest.raises(col.InvalidArgumentError, match="all_reduce: communicator is closed"):
+        c.all_reduce(np.ones(2))

@@ -309,7 +309,9 @@ def test_two_threads_on_one_communicator(comm):
     thread = threading.Thread(target=blocked)
     try:
         thread.start()
-        _wait_for(lambda: any(p.call == "recv" for p in list(short.recorder)), "the recv to start")
+        _wait_for(
+            lambda: any(r["call"] == "recv" for r in short.flight_record()), "the recv to start"
+        )
         with fails("all_reduce", "in use by another thread") as caught:
             short.all_reduce(np.zeros(2, np.float32))
         message = caught.message

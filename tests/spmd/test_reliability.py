@@ -115,3 +115,63 @@ def test_flight_record_lists_recent_calls():
     ]
     assert all(c["duration_s"] >= 0 for c in record)
     comm.close()
+
+
+def test_ranks_may_mix_the_forms_of_one_call():
+    # Synchronous host calls go straight to MPI; the same call made async, in a group, out of
+    # place or on a strided view goes the general way. Both must meet, rank by rank.
+    comm = col.init()
+    rank, size = comm.rank, comm.size
+    expected = np.full(4, sum(range(size)), np.float64)
+    for form in range(4):
+        x = np.full(4, rank, np.float64)
+        mine = (form + rank) % 4
+        if mine == 0:
+            comm.all_reduce(x)
+        elif mine == 1:
+            comm.all_reduce(x, async_op=True).wait()
+        elif mine == 2:
+            with comm.group():
+                comm.all_reduce(x)
+        else:
+            wide = np.zeros(8)
+            wide[::2] = rank
+            out = np.empty(4)
+            comm.all_reduce(np.ascontiguousarray(wide[::2]), out=out)
+            x = out
+        np.testing.assert_array_equal(x, expected)
+    y = np.full(3, rank, np.int64)
+    if rank % 2:
+        comm.broadcast(y, root=size - 1)
+    else:
+        comm.broadcast(y, size - 1, async_op=True).wait()
+    np.testing.assert_array_equal(y, size - 1)
+    comm.close()
+
+
+def test_a_direct_call_holds_the_communicator_against_other_threads():
+    import threading
+
+    comm = col.init(timeout=1.5)
+    if comm.rank == 0:
+        errors: list[BaseException] = []
+
+        def stuck() -> None:  # the other ranks never make this call
+            try:
+                comm.all_reduce(np.ones(2))
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                errors.append(e)
+
+        thread = threading.Thread(target=stuck)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while comm._seq < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)
+        with pytest.raises(col.InvalidArgumentError, match="in use by another thread"):
+            comm.broadcast(np.ones(2))
+        thread.join(30)
+        assert len(errors) == 1 and isinstance(errors[0], col.CollectiveTimeoutError), errors
+        assert "all_reduce #1 (shape (2,), float64)" in str(errors[0])
+        assert [c["state"] for c in comm.flight_record()] == ["timed out"]
+    comm.close()
