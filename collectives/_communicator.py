@@ -410,6 +410,7 @@ class Communicator:
         pending = MpiPending(request)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
+        pending._waited(self)  # yield now: this call has already polled for yield_after
         pending.synchronize(self)
 
     def _run(self, call, verb, x, out, name, op, root, async_op, result):
