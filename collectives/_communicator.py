@@ -376,8 +376,7 @@ class Communicator:
         What :meth:`_run` does, for the calls that need least of it: the same thread guard,
         numbering, check, progress board and flight recorder (an entry is a list, not an
         object), the request polled in line, the timeout only looked at once the call has
-        lasted ``yield_after``. This is the per-call cost that small messages see; what can
-        wait until the request is posted does, so that it may overlap the exchange.
+        lasted ``yield_after``. This is the per-call cost that small messages see.
         """
         token = self._token
         try:
@@ -386,12 +385,11 @@ class Communicator:
             raise invalid(call, _IN_USE) from None
         try:
             self._seq = seq = self._seq + 1
+            self._progress_slots[self._progress_slot] = seq
             if self._checker is not None:
-                self._progress_slots[self._progress_slot] = seq
                 self._checker.verify(seq, call, array, name, op, root)
             request = issue(*args)
             start = monotonic()
-            self._progress_slots[self._progress_slot] = seq
             entry = [seq, call, array.shape, name, start, 0.0]
             self.recorder.append(entry)
             test = request.Test

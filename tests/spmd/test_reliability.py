@@ -118,8 +118,8 @@ def test_flight_record_lists_recent_calls():
 
 
 def test_ranks_may_mix_the_forms_of_one_call():
-    # Synchronous host calls go straight to MPI; the same call made async, in a group, out of
-    # place or on a strided view goes the general way. Both must meet, rank by rank.
+    # Synchronous host calls, in place or out of place, go straight to MPI; the same call made
+    # async or in a group goes the general way. Both must meet, rank by rank.
     comm = col.init()
     rank, size = comm.rank, comm.size
     expected = np.full(4, sum(range(size)), np.float64)
