@@ -127,12 +127,17 @@ def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tu
         raise invalid(call, f"out has shape {out.shape}, expected {shape}")
 
 
+# np.may_share_memory without the __array_function__ dispatch, which doubles its cost (a hot
+# per-call check for out-of-place calls on views, DDP's bucket slices among them)
+may_share_memory = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
+
+
 def overlap_check(call: str, x: Any, out: Any) -> bool:
     """True when ``out`` is ``x``'s memory (in place); partial overlap is an error."""
     if x is out:
         return True
     if isinstance(x, np.ndarray):
-        if not np.may_share_memory(x, out):  # a C-level extent check: the common answer
+        if not may_share_memory(x, out):  # a C-level extent check: the common answer
             return False
     elif x.base is None and out.base is None:
         return False  # two arrays that each own their memory cannot overlap
@@ -154,6 +159,6 @@ def is_slot(part: Any, whole: Any, index: int) -> bool:
     """True when ``part`` is exactly ``whole[index]`` (the in-place forms of gather/scatter)."""
     if part is None or whole is None or part.nbytes * whole.shape[0] != whole.nbytes:
         return False
-    if isinstance(part, np.ndarray) and not np.may_share_memory(part, whole):
+    if isinstance(part, np.ndarray) and not may_share_memory(part, whole):
         return False
     return _address(part) == _address(whole) + index * part.nbytes

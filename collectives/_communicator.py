@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _timeline
-from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
+from ._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, invalid
 from ._mpi import FAST_OP, FAST_TYPE, MpiPending
@@ -125,10 +125,11 @@ class Communicator:
         if mpi is not None and type(x) is np.ndarray and not async_op and type(op) in _OP_TYPES:
             dtype = x.dtype
             types, ops = FAST_TYPE.get(dtype.char), FAST_OP.get(op)
-            if types is not None and ops is not None and dtype.isnative and x.flags.c_contiguous:
+            flags = x.flags
+            if types is not None and ops is not None and dtype.isnative and flags.c_contiguous:
                 name, t = types
                 if out is None or out is x:
-                    args: tuple | None = (_IN_PLACE, [x, t], ops[1])
+                    args: tuple | None = (_IN_PLACE, [x, t], ops[1]) if flags.writeable else None
                 else:
                     args = ([x, t], [out, t], ops[1]) if _distinct_twin(out, x) else None
                 if args is not None:
@@ -166,14 +167,17 @@ class Communicator:
         if mpi is not None and type(x) is np.ndarray and not async_op and type(root) is int:
             dtype = x.dtype
             types = FAST_TYPE.get(dtype.char)
-            if types is not None and dtype.isnative and x.flags.c_contiguous:
-                if 0 <= root < self.size:
+            flags = x.flags
+            if types is not None and dtype.isnative and flags.c_contiguous:
+                # the root only reads x; every other rank writes it
+                if 0 <= root < self.size and (flags.writeable or root == self.rank):
                     name, t = types
                     self._mpi_sync("broadcast", mpi.Ibcast, ([x, t], root), x, name, None, root)
                     return x
         x, name = unwrap(x, "broadcast")
         self._root("broadcast", root)
-        return self._run("broadcast", self._impl.broadcast, x, x, name, None, root, async_op, x)
+        out = x if self.rank != root else None  # the root's x is only read
+        return self._run("broadcast", self._impl.broadcast, x, out, name, None, root, async_op, x)
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[r]`` is rank r's ``x``; ``out.shape == (size, *x.shape)``.
@@ -416,6 +420,9 @@ class Communicator:
             raise self._unusable_error(call)
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
+        if type(out) is np.ndarray and not out.flags.writeable:
+            what = "x" if out is x else "out"
+            raise invalid(call, f"{what} is read-only, and {call} writes its result there")
         self._take_token(call)
         try:
             if self._group is not None and self._group_owner != threading.get_ident():
@@ -554,14 +561,15 @@ class Communicator:
 
 
 def _distinct_twin(out: Any, x: Any) -> bool:
-    """True when ``out`` is a NumPy array of ``x``'s dtype and shape, apart from it."""
+    """True when ``out`` is a writeable NumPy array of ``x``'s dtype and shape, apart from it."""
     return (
         type(out) is np.ndarray
         and out.dtype is x.dtype
         and out.shape == x.shape
-        and out.flags.c_contiguous
+        and (flags := out.flags).c_contiguous
+        and flags.writeable
         # two arrays that each own their memory are apart; otherwise compare extents
-        and ((out.base is None and x.base is None) or not np.may_share_memory(x, out))
+        and ((out.base is None and x.base is None) or not may_share_memory(x, out))
     )
 
 

@@ -102,6 +102,47 @@ def test_non_contiguous(comm):
     in_step(comm)
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def test_read_only_results(comm):
+    """A read-only array where a result is written fails on the rank that has it; one that is
+    only read (a send buffer, broadcast's root) works."""
+    size, rank = comm.size, comm.rank
+    fixed = read_only(np.full(4, rank + 1.0, np.float32))
+    with fails("all_reduce", "x is read-only", "writes its result there"):
+        comm.all_reduce(fixed)
+    with fails("all_reduce", "out is read-only"):
+        comm.all_reduce(np.ones(4, np.float32), out=read_only(np.zeros(4, np.float32)))
+    with fails("all_gather", "out is read-only"):
+        comm.all_gather(fixed, out=read_only(np.zeros((size, 4), np.float32)))
+    with fails("reduce_scatter", "out is read-only"):
+        comm.reduce_scatter(np.ones((size, 2), np.int32), out=read_only(np.zeros(2, np.int32)))
+    with fails("all_reduce", "x is read-only"):
+        with comm.group():
+            comm.all_reduce(fixed)
+    # Read-only inputs are fine.
+    out = comm.all_reduce(fixed, out=np.zeros(4, np.float32))
+    np.testing.assert_array_equal(out, size * (size + 1) / 2)
+    np.testing.assert_array_equal(comm.all_gather(fixed)[:, 0], np.arange(1, size + 1))
+    # broadcast only reads x on the root: read-only works there, and fails anywhere else.
+    if rank == 0:
+        np.testing.assert_array_equal(comm.broadcast(read_only(np.full(3, 7, np.int64))), 7)
+        if size > 1:
+            with fails("broadcast", "x is read-only"):
+                comm.broadcast(read_only(np.zeros(3, np.int64)), root=size - 1)
+    else:
+        with fails("broadcast", "x is read-only", "writes its result there"):
+            comm.broadcast(read_only(np.zeros(3, np.int64)))
+        with fails("broadcast", "x is read-only"):
+            comm.broadcast(read_only(np.zeros(3, np.int64)), async_op=True)
+        got = comm.broadcast(np.zeros(3, np.int64))
+        np.testing.assert_array_equal(got, 7)
+    in_step(comm)
+
+
 def test_out_of_wrong_shape_dtype_or_type(comm):
     size = comm.size
     x = np.zeros((3, 4), np.float32)
