@@ -123,10 +123,9 @@ class Communicator:
         """
         mpi = self._fast
         if mpi is not None and type(x) is np.ndarray and not async_op and type(op) in _OP_TYPES:
-            dtype = x.dtype
-            types, ops = FAST_TYPE.get(dtype.char), FAST_OP.get(op)
+            types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
             flags = x.flags
-            if types is not None and ops is not None and dtype.isnative and flags.c_contiguous:
+            if types is not None and ops is not None and flags.c_contiguous:
                 name, t = types
                 if out is None or out is x:
                     args: tuple | None = (_IN_PLACE, [x, t], ops[1]) if flags.writeable else None
@@ -165,10 +164,9 @@ class Communicator:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         mpi = self._fast
         if mpi is not None and type(x) is np.ndarray and not async_op and type(root) is int:
-            dtype = x.dtype
-            types = FAST_TYPE.get(dtype.char)
+            types = FAST_TYPE.get(x.dtype)
             flags = x.flags
-            if types is not None and dtype.isnative and flags.c_contiguous:
+            if types is not None and flags.c_contiguous:
                 # the root only reads x; every other rank writes it
                 if 0 <= root < self.size and (flags.writeable or root == self.rank):
                     name, t = types
@@ -392,11 +390,18 @@ class Communicator:
             self._progress_slots[self._progress_slot] = seq
             if self._checker is not None:
                 self._checker.verify(seq, call, array, name, op, root)
-            request = issue(*args)
-            start = monotonic()
-            entry = [seq, call, array.shape, name, start, 0.0]
-            self.recorder.append(entry)
+            # The bookkeeping comes before the post: between the post and the first poll it
+            # would hold up the other ranks (0.3 us per call of 5.8 at 8 bytes on 2 ranks).
+            entry = [seq, call, array.shape, name, monotonic(), 0.0]
+            recorder = self.recorder
+            recorder.append(entry)
+            try:
+                request = issue(*args)
+            except BaseException:
+                recorder.pop()  # never started
+                raise
             test = request.Test
+            start = entry[4]
             polls = 0
             while not test():
                 polls += 1

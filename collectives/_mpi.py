@@ -55,10 +55,11 @@ MPI_OP = {
     ReduceOp.AVG: MPI.SUM,
 }
 
-#: dtype.char -> (name, MPI type) for the dtypes MPI reduces natively, looked up once per call
-#: on the front end's fast path (complex is left to the checked path: it has no max or min)
+#: native-order dtype -> (name, MPI type) for the dtypes MPI reduces natively, looked up once
+#: per call on the front end's fast path (a swapped byte order is not equal, so it misses;
+#: complex is left to the checked path: it has no max or min)
 FAST_TYPE = {
-    ch: (name, MPI_TYPE[name])
+    np.dtype(ch): (name, MPI_TYPE[name])
     for ch, name in NAME_OF_CHAR.items()
     if name not in UPCAST and name not in COMPLEX
 }
