@@ -47,7 +47,7 @@ def mismatch_message(descriptions: list[dict]) -> str:
         lines.append(f"{key} differs ({values})")
     first = descriptions[0]
     return (
-        f"ranks called different collectives at call #{first['seq']} of rank 0 "
+        f"ranks called different collectives at collective #{first['seq']} of rank 0 "
         f"({first['call']}): " + "; ".join(lines)
     )
 
@@ -68,8 +68,10 @@ class Checker:
             self._request = self.mpi.Allreduce_init(MPI.IN_PLACE, self._spec, MPI.MAX)
 
     def verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
-        if call in POINT_TO_POINT:
-            return
+        """Raise CollectiveMismatchError on every rank unless all ranks make this call.
+
+        ``seq`` numbers collectives only: point-to-point calls are not compared.
+        """
         shape = None if array is None else array.shape
         if call == "scatter" and root == self.rank and shape is not None:
             shape = shape[1:]  # root holds the whole (size, *shape) array
@@ -97,7 +99,7 @@ class Checker:
             polls += 1
             if polls == 256:  # a slow rank: wait under the communicator's timeout
                 pending = MpiPending(request)
-                pending.info = (seq, f"check of {call}", None, None)
+                pending.info = (seq, f"check before {call}, collective", None, None)
                 pending.synchronize(self.comm)
                 break
         if slots[0] == -slots[1]:

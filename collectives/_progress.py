@@ -1,4 +1,4 @@
-"""The progress board: each rank's latest call number, in memory shared within a node.
+"""The progress board: each rank's latest collective's number, in memory shared within a node.
 
 A rank that times out reads the board to say which ranks never reached its call. The board is
 a file in /dev/shm that every rank of the node maps and that is unlinked as soon as all have
@@ -17,8 +17,8 @@ from mpi4py import MPI
 
 
 class ProgressBoard:
-    """``slots[local_rank]`` holds each rank's latest call number (the communicator writes its
-    own on every call); ``report()`` says which ranks are behind this one."""
+    """``slots[local_rank]`` holds each rank's latest collective's number (the communicator
+    writes its own on every collective); ``report()`` says which ranks are behind this one."""
 
     def __init__(self, mpi_comm: MPI.Comm):
         local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -50,10 +50,10 @@ class ProgressBoard:
         elsewhere = sorted(set(range(self.size)) - set(self.members))
         parts = []
         if behind:
-            listed = ", ".join(f"rank {r} (at call #{s})" for r, s in behind)
-            parts.append(f"Ranks that have not reached call #{mine}: {listed}.")
+            listed = ", ".join(f"rank {r} (at collective #{s})" for r, s in behind)
+            parts.append(f"Ranks that have not reached collective #{mine}: {listed}.")
         else:
-            parts.append(f"Every rank on this node has reached call #{mine}.")
+            parts.append(f"Every rank on this node has reached collective #{mine}.")
         if elsewhere:
             parts.append(f"Ranks on other nodes, not visible from here: {elsewhere}.")
         return " ".join(parts)

@@ -26,8 +26,8 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(tmp_path, monk
         assert 1.0 <= waited < 3.0  # within timeout + 2 s
         message = str(info.value)
         assert "all_reduce #2" in message and "shape (3,)" in message
-        missing = ", ".join(f"rank {r} (at call #1)" for r in range(1, comm.size))
-        assert f"Ranks that have not reached call #2: {missing}" in message
+        missing = ", ".join(f"rank {r} (at collective #1)" for r in range(1, comm.size))
+        assert f"Ranks that have not reached collective #2: {missing}" in message
         with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
             comm.broadcast(x)
         assert [c["state"] for c in comm.flight_record()] == ["completed", "timed out"]
@@ -78,6 +78,31 @@ def test_check_mode_catches_mismatch_on_every_rank(kind):
         message = str(info.value)
         assert expected in message
         assert "rank 0:" in message and "rank 1:" in message
+    comm.close()
+
+
+def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_point():
+    """Ranks 0 and 1 exchange messages the others do not make: their next collectives still
+    match in check mode, and a stuck one reports by collective, not by call."""
+    comm = col.init(check=True, timeout=1.5)
+    x = np.ones(2)
+    for _ in range(2):
+        if comm.rank == 0:
+            comm.send(x, 1)
+        elif comm.rank == 1:
+            comm.recv(x, 0)
+    comm.all_reduce(x)  # call #3 on ranks 0 and 1, #1 elsewhere: collective #1 everywhere
+    np.testing.assert_array_equal(x, comm.size)
+    comm.broadcast(x, root=comm.size - 1)
+    if comm.rank == 0:
+        with pytest.raises(col.CollectiveTimeoutError) as info:
+            comm.barrier()
+        message = str(info.value)
+        assert "check before barrier, collective #3" in message  # call #5 here
+        missing = ", ".join(f"rank {r} (at collective #2)" for r in range(1, comm.size))
+        assert f"Ranks that have not reached collective #3: {missing}" in message
+    else:
+        time.sleep(2.0)  # let rank 0 time out, then leave together
     comm.close()
 
 
