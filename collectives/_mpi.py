@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ._arrays import is_device_array, is_slot
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._ops import BY_NAME, ReduceOp
-from ._work import Pending, timeout_error
+from ._work import Pending
 
 
 def _mpi_type(name: str):
@@ -158,18 +158,6 @@ class MpiPending(Pending):
         self._complete()
 
     wait = synchronize  # MPI has no stream to order: waiting is blocking
-
-    def _waited(self, comm: Any) -> None:
-        """Every 256 polls: past ``comm.yield_after`` seconds yield the core, past 1 s sleep
-        between polls, past the timeout declare the communicator dead."""
-        waited = time.monotonic() - self.start
-        if waited > comm.yield_after:
-            if waited > comm.timeout:
-                comm._die(timeout_error(comm, self, waited))
-            if waited > 1.0:
-                time.sleep(1e-3)
-            else:
-                os.sched_yield()
 
 
 class MpiBackend:

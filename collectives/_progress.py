@@ -18,7 +18,10 @@ from mpi4py import MPI
 
 class ProgressBoard:
     """``slots[local_rank]`` holds each rank's latest collective's number (the communicator
-    writes its own on every collective); ``report()`` says which ranks are behind this one."""
+    writes its own on every collective); ``report()`` says which ranks are behind this one.
+
+    ``check_slots`` (two per local rank) are check mode's: see ``_check``.
+    """
 
     def __init__(self, mpi_comm: MPI.Comm):
         local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -31,17 +34,20 @@ class ProgressBoard:
             if self.local_rank == 0:
                 folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
                 fd, path = tempfile.mkstemp(prefix="collectives-progress-", dir=folder)
-                os.ftruncate(fd, 8 * len(self.members))
+                os.ftruncate(fd, 3 * 8 * len(self.members))
                 os.close(fd)
             path = local.bcast(path, root=0)
             with open(path, "r+b") as f:
-                self._map = mmap.mmap(f.fileno(), 8 * len(self.members))
+                self._map = mmap.mmap(f.fileno(), 3 * 8 * len(self.members))
             local.Barrier()
             if self.local_rank == 0:
                 os.unlink(path)
         finally:
             local.Free()
-        self.slots: Any = memoryview(self._map).cast("q")
+        n = len(self.members)
+        self._words = memoryview(self._map).cast("q")
+        self.slots: Any = self._words[:n]
+        self.check_slots: Any = self._words[n:]
 
     def report(self) -> str:
         slots = self.slots
@@ -60,6 +66,7 @@ class ProgressBoard:
 
     def close(self) -> None:
         if self.slots is not None:
-            self.slots.release()
-            self.slots = None
+            for view in (self.slots, self.check_slots, self._words):
+                view.release()
+            self.slots = self.check_slots = None
             self._map.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable
 
@@ -55,6 +56,19 @@ class Pending:
 
     def synchronize(self, comm: Any) -> None:
         raise NotImplementedError
+
+    def _waited(self, comm: Any) -> None:
+        """For host-side waits that poll, every 256 polls: past ``comm.yield_after`` seconds
+        yield the core, past 1 s sleep between polls, past the timeout declare the
+        communicator dead."""
+        waited = time.monotonic() - self.start
+        if waited > comm.yield_after:
+            if waited > comm.timeout:
+                comm._die(timeout_error(comm, self, waited))
+            if waited > 1.0:
+                time.sleep(1e-3)
+            else:
+                os.sched_yield()
 
     def _complete(self) -> None:
         self.done = True

@@ -57,10 +57,24 @@ MISMATCHES = {
 }
 
 
+def with_checks_over(comm, path: str):
+    """Check over the node's shared memory (the default on one node), or over MPI (as when
+    ranks span nodes)."""
+    from collectives._check import Checker
+
+    if path == "mpi":
+        comm._checker = Checker(comm, shared_memory=False)
+        assert comm._checker._board is None
+    else:
+        assert comm._checker._board is not None
+    return comm
+
+
+@pytest.mark.parametrize("path", ["board", "mpi"])
 @pytest.mark.parametrize("kind", sorted(MISMATCHES))
-def test_check_mode_catches_mismatch_on_every_rank(kind):
+def test_check_mode_catches_mismatch_on_every_rank(kind, path):
     call, expected = MISMATCHES[kind]
-    comm = col.init(check=True, timeout=5.0)
+    comm = with_checks_over(col.init(check=True, timeout=5.0), path)
     x = np.arange(4.0)
     comm.all_reduce(x)  # a matching call passes
     np.testing.assert_array_equal(x, np.arange(4.0) * comm.size)
@@ -106,8 +120,9 @@ def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_po
     comm.close()
 
 
-def test_check_mode_passes_every_matching_verb():
-    comm = col.init(check=True)
+@pytest.mark.parametrize("path", ["board", "mpi"])
+def test_check_mode_passes_every_matching_verb(path):
+    comm = with_checks_over(col.init(check=True), path)
     size, rank = comm.size, comm.rank
     x = np.full(3, rank, np.float64)
     assert comm.all_reduce(x.copy())[0] == sum(range(size))
@@ -123,6 +138,10 @@ def test_check_mode_passes_every_matching_verb():
         comm.send(x, (rank + 1) % size)
         comm.recv(np.empty(3), (rank - 1) % size)
     comm.barrier()
+    # Back to back, a root may finish before the others start: it must not run past a check.
+    for i in range(300):
+        y = comm.broadcast(np.full(2, i if rank == i % size else -1), root=i % size)
+        assert y.tolist() == [i, i]
     comm.close()
 
 
