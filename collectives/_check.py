@@ -60,6 +60,11 @@ def mismatch_message(descriptions: list[dict]) -> str:
     )
 
 
+def _waiting_info(seq: int, call: str) -> tuple:
+    """A check's entry for timeout messages: ``check before barrier, collective #3``."""
+    return (seq, f"check before {call}, collective", None, None)
+
+
 class Checker:
     """The per-communicator state of check mode: a private MPI communicator to compare on."""
 
@@ -117,7 +122,7 @@ class Checker:
             polls += 1
             if polls == 256:  # a slow rank: wait under the communicator's timeout
                 pending = MpiPending(request)
-                pending.info = (seq, f"check before {call}, collective", None, None)
+                pending.info = _waiting_info(seq, call)
                 pending.synchronize(self.comm)
                 break
         if slots[0] == -slots[1]:
@@ -141,7 +146,7 @@ class Checker:
         """Poll one rank's slot until it carries collective ``seq``, under the timeout."""
         board = self._board
         waiting = Pending()
-        waiting.info = (seq, f"check before {call}, collective", None, None)
+        waiting.info = _waiting_info(seq, call)
         polls = 0
         while True:
             theirs = board[slot]

@@ -63,6 +63,7 @@ def with_checks_over(comm, path: str):
     from collectives._check import Checker
 
     if path == "mpi":
+        comm._checker.close()
         comm._checker = Checker(comm, shared_memory=False)
         assert comm._checker._board is None
     else:
