@@ -22,6 +22,9 @@ from mpi4py import MPI
 from . import _timeline
 from ._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
 from ._check import POINT_TO_POINT
+from ._direct import all_reduce as _all_reduce_direct
+from ._direct import broadcast as _broadcast_direct
+from ._direct import handle as _direct_handle
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, invalid
 from ._mpi import FAST_OP, FAST_TYPE, MpiPending
@@ -37,7 +40,6 @@ _IN_USE = (
 )
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 _OP_TYPES = frozenset({str, ReduceOp})
-_IN_PLACE = MPI.IN_PLACE
 
 
 class Communicator:
@@ -107,7 +109,7 @@ class Communicator:
         # The MPI communicator that synchronous host calls may go to directly (_mpi_sync), or
         # None while that is not allowed: other backends, a timeline to draw, inside group(),
         # and once the communicator is closed or dead.
-        self._direct = impl.comm if backend == "mpi" and not self._track else None
+        self._direct = _direct_handle(impl.comm) if backend == "mpi" and not self._track else None
         self._fast = self._direct
 
     def __repr__(self) -> str:
@@ -132,11 +134,17 @@ class Communicator:
             if types is not None and ops is not None and flags.c_contiguous:
                 name, t = types
                 if out is None or out is x:
-                    args: tuple | None = (_IN_PLACE, [x, t], ops[1]) if flags.writeable else None
+                    args: tuple | None = (
+                        (mpi, None, x, t, ops[1], self.yield_after) if flags.writeable else None
+                    )
                 else:
-                    args = ([x, t], [out, t], ops[1]) if _distinct_twin(out, x) else None
+                    args = (
+                        (mpi, x, out, t, ops[1], self.yield_after)
+                        if _distinct_twin(out, x)
+                        else None
+                    )
                 if args is not None:
-                    self._mpi_sync("all_reduce", mpi.Iallreduce, args, x, name, ops[0], None)
+                    self._mpi_sync("all_reduce", _all_reduce_direct, args, x, name, ops[0], None)
                     return x if out is None else out
         x, name = unwrap(x, "all_reduce")
         rop = BY_NAME.get(op) if type(op) is str else None
@@ -174,7 +182,8 @@ class Communicator:
                 # the root only reads x; every other rank writes it
                 if 0 <= root < self.size and (flags.writeable or root == self.rank):
                     name, t = types
-                    self._mpi_sync("broadcast", mpi.Ibcast, ([x, t], root), x, name, None, root)
+                    args = (mpi, x, t, root, self.yield_after)
+                    self._mpi_sync("broadcast", _broadcast_direct, args, x, name, None, root)
                     return x
         x, name = unwrap(x, "broadcast")
         self._root("broadcast", root)
@@ -377,12 +386,13 @@ class Communicator:
     # ---------------------------------------------------------------- internals
 
     def _mpi_sync(self, call, issue, args, array, name, op, root) -> None:
-        """A synchronous call on host arrays, straight to MPI: ``issue(*args)`` starts it.
+        """A synchronous call on host arrays, straight to MPI: ``issue(*args)`` is the call.
 
         What :meth:`_run` does, for the calls that need least of it: the same thread guard,
         numbering, check, progress board and flight recorder (an entry is a list, not an
-        object), the request polled in line, the timeout only looked at once the call has
-        lasted ``yield_after``. This is the per-call cost that small messages see.
+        object); ``issue`` (from :mod:`._direct`) starts the call and polls it, and hands it
+        back only once it has lasted ``yield_after``: then it is waited on under the timeout.
+        This is the per-call cost that small messages see.
         """
         token = self._token
         try:
@@ -402,24 +412,19 @@ class Communicator:
             try:
                 request = issue(*args)
             except BaseException:
-                recorder.pop()  # never started
+                recorder.pop()  # an MPI error: nothing is in flight to record
                 raise
-            test = request.Test
-            start = entry[4]
-            polls = 0
-            while not test():
-                polls += 1
-                if polls & 255 == 0 and monotonic() - start > self.yield_after:
-                    self._mpi_wait(request, entry)
-                    break
+            if request is not None:
+                self._mpi_wait(request, entry, args)
             entry[5] = monotonic()
         finally:
             token.append(None)
 
-    def _mpi_wait(self, request: MPI.Request, entry: list) -> None:
+    def _mpi_wait(self, request: MPI.Request, entry: list, args: tuple) -> None:
         """The rest of a long :meth:`_mpi_sync` wait: yielding the core, under the timeout."""
         pending = MpiPending(request)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
+        pending.arrays = args  # MPI may still write there after a timeout abandons the call
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
         pending._waited(self)  # yield now: this call has already polled for yield_after
         pending.synchronize(self)

@@ -34,7 +34,17 @@ def _cases():
 
 @pytest.mark.parametrize("path,size,timeout", list(_cases()))
 def test_spmd(path: Path, size: int, timeout: float):
-    result = run_spmd(path, size, timeout=timeout)
+    _passes(path, size, run_spmd(path, size, timeout=timeout))
+
+
+@pytest.mark.parametrize("name", ["test_collectives_verbs", "test_reliability"])
+def test_spmd_with_the_direct_path_in_python(name: str):
+    # as where collectives._fastmpi did not build: the modules that use the direct path most
+    path = SPMD_DIR / f"{name}.py"
+    _passes(path, 2, run_spmd(path, 2, timeout=240, env={"COLLECTIVES_PURE_PYTHON": "1"}))
+
+
+def _passes(path: Path, size: int, result) -> None:
     problems = result.failures()
     if result.returncode is None:
         problems.append("job hung and was killed")

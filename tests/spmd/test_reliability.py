@@ -220,3 +220,26 @@ def test_a_direct_call_holds_the_communicator_against_other_threads():
         assert "all_reduce #1 (shape (2,), float64)" in str(errors[0])
         assert [c["state"] for c in comm.flight_record()] == ["timed out"]
     comm.close()
+
+
+def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
+    comm = col.init(timeout=30.0)
+    late = comm.size - 1  # the rank that arrives 0.1 s after the others
+    x = np.full(3, comm.rank + 1.0)
+    if comm.rank == late:
+        time.sleep(0.1)  # the others poll past yield_after, then wait under the timeout
+    comm.all_reduce(x)
+    np.testing.assert_array_equal(x, sum(range(1, comm.size + 1)))
+    y = np.full(2, float(comm.rank))
+    if comm.rank != late:
+        time.sleep(0.1)
+    comm.broadcast(y, root=late)
+    np.testing.assert_array_equal(y, late)
+    record = comm.flight_record()
+    assert [(c["call"], c["state"]) for c in record] == [
+        ("all_reduce", "completed"),
+        ("broadcast", "completed"),
+    ]
+    waited = record[0] if comm.rank != late else record[1]
+    assert waited["duration_s"] >= 0.09
+    comm.close()
