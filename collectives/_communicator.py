@@ -13,21 +13,18 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from time import monotonic
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _timeline
-from ._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
+from . import _direct, _timeline
+from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
 from ._check import POINT_TO_POINT
-from ._direct import all_reduce as _all_reduce_direct
-from ._direct import broadcast as _broadcast_direct
-from ._direct import handle as _direct_handle
+from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, invalid
-from ._mpi import FAST_OP, FAST_TYPE, MpiPending
+from ._mpi import MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
 from ._work import Work, recorded
@@ -39,7 +36,6 @@ _IN_USE = (
     "communicator from one thread at a time"
 )
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
-_OP_TYPES = frozenset({str, ReduceOp})
 
 
 class Communicator:
@@ -106,10 +102,22 @@ class Communicator:
             from ._check import Checker
 
             self._checker = Checker(self)
-        # The MPI communicator that synchronous host calls may go to directly (_mpi_sync), or
-        # None while that is not allowed: other backends, a timeline to draw, inside group(),
-        # and once the communicator is closed or dead.
-        self._direct = _direct_handle(impl.comm) if backend == "mpi" and not self._track else None
+        # What the direct path (_direct) keeps, or None where it does not apply: other
+        # backends, a timeline to draw. _fast is it while it may be used: not inside group(),
+        # nor once the communicator is closed or dead.
+        self._direct = (
+            _direct.state(
+                _direct.handle(impl.comm),
+                self._token,
+                self._progress_slots,
+                self._progress_slot,
+                self.recorder,
+                self.rank,
+                self.size,
+            )
+            if backend == "mpi" and not self._track
+            else None
+        )
         self._fast = self._direct
 
     def __repr__(self) -> str:
@@ -127,25 +135,11 @@ class Communicator:
 
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
-        mpi = self._fast
-        if mpi is not None and type(x) is np.ndarray and not async_op and type(op) in _OP_TYPES:
-            types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
-            flags = x.flags
-            if types is not None and ops is not None and flags.c_contiguous:
-                name, t = types
-                if out is None or out is x:
-                    args: tuple | None = (
-                        (mpi, None, x, t, ops[1], self.yield_after) if flags.writeable else None
-                    )
-                else:
-                    args = (
-                        (mpi, x, out, t, ops[1], self.yield_after)
-                        if _distinct_twin(out, x)
-                        else None
-                    )
-                if args is not None:
-                    self._mpi_sync("all_reduce", _all_reduce_direct, args, x, name, ops[0], None)
-                    return x if out is None else out
+        fast = self._fast
+        if fast is not None and not async_op:
+            result = _direct.all_reduce(self, fast, x, op, out)
+            if result is not NotImplemented:
+                return result
         x, name = unwrap(x, "all_reduce")
         rop = BY_NAME.get(op) if type(op) is str else None
         op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
@@ -174,17 +168,11 @@ class Communicator:
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
-        mpi = self._fast
-        if mpi is not None and type(x) is np.ndarray and not async_op and type(root) is int:
-            types = FAST_TYPE.get(x.dtype)
-            flags = x.flags
-            if types is not None and flags.c_contiguous:
-                # the root only reads x; every other rank writes it
-                if 0 <= root < self.size and (flags.writeable or root == self.rank):
-                    name, t = types
-                    args = (mpi, x, t, root, self.yield_after)
-                    self._mpi_sync("broadcast", _broadcast_direct, args, x, name, None, root)
-                    return x
+        fast = self._fast
+        if fast is not None and not async_op:
+            result = _direct.broadcast(self, fast, x, root)
+            if result is not NotImplemented:
+                return result
         x, name = unwrap(x, "broadcast")
         self._root("broadcast", root)
         out = x if self.rank != root else None  # the root's x is only read
@@ -385,43 +373,9 @@ class Communicator:
 
     # ---------------------------------------------------------------- internals
 
-    def _mpi_sync(self, call, issue, args, array, name, op, root) -> None:
-        """A synchronous call on host arrays, straight to MPI: ``issue(*args)`` is the call.
-
-        What :meth:`_run` does, for the calls that need least of it: the same thread guard,
-        numbering, check, progress board and flight recorder (an entry is a list, not an
-        object); ``issue`` (from :mod:`._direct`) starts the call and polls it, and hands it
-        back only once it has lasted ``yield_after``: then it is waited on under the timeout.
-        This is the per-call cost that small messages see.
-        """
-        token = self._token
-        try:
-            token.pop()
-        except IndexError:
-            raise invalid(call, _IN_USE) from None
-        try:
-            self._seq = seq = self._seq + 1
-            self._progress_slots[self._progress_slot] = nth = seq - self._p2p
-            if self._checker is not None:
-                self._checker.verify(nth, call, array, name, op, root)
-            # The bookkeeping comes before the post: between the post and the first poll it
-            # would hold up the other ranks (0.3 us per call of 5.8 at 8 bytes on 2 ranks).
-            entry = [seq, call, array.shape, name, monotonic(), 0.0]
-            recorder = self.recorder
-            recorder.append(entry)
-            try:
-                request = issue(*args)
-            except BaseException:
-                recorder.pop()  # an MPI error: nothing is in flight to record
-                raise
-            if request is not None:
-                self._mpi_wait(request, entry, args)
-            entry[5] = monotonic()
-        finally:
-            token.append(None)
-
     def _mpi_wait(self, request: MPI.Request, entry: list, args: tuple) -> None:
-        """The rest of a long :meth:`_mpi_sync` wait: yielding the core, under the timeout."""
+        """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the
+        timeout. ``args`` holds the arrays, which MPI may still write after a timeout."""
         pending = MpiPending(request)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
         pending.arrays = args  # MPI may still write there after a timeout abandons the call
@@ -472,7 +426,7 @@ class Communicator:
             self._token.append(None)
 
     def _take_token(self, call: str) -> None:
-        """Take the one-thread-at-a-time token (``_mpi_sync`` does the same in line)."""
+        """Take the one-thread-at-a-time token (the direct path does the same in line)."""
         try:
             self._token.pop()
         except IndexError:
@@ -561,7 +515,7 @@ class Communicator:
             return xp.empty(shape, x.dtype)
 
     def _out(self, call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
-        if type(x) is np.ndarray and _distinct_twin(out, x) and out.shape == shape:
+        if type(x) is np.ndarray and distinct_twin(out, x) and out.shape == shape:
             return out
         out, out_name = unwrap(out, call, "out")
         same_kind(call, x, name, out, out_name, shape)
@@ -575,19 +529,6 @@ class Communicator:
         if not is_slot(part, whole, self.rank):
             overlap_check(call, x, out)
         return out
-
-
-def _distinct_twin(out: Any, x: Any) -> bool:
-    """True when ``out`` is a writeable NumPy array of ``x``'s dtype and shape, apart from it."""
-    return (
-        type(out) is np.ndarray
-        and out.dtype is x.dtype
-        and out.shape == x.shape
-        and (flags := out.flags).c_contiguous
-        and flags.writeable
-        # two arrays that each own their memory are apart; otherwise compare extents
-        and ((out.base is None and x.base is None) or not may_share_memory(x, out))
-    )
 
 
 def _cores() -> int:

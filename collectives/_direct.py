@@ -1,18 +1,22 @@
-"""The direct path's MPI calls: start a non-blocking collective on host arrays and poll it.
+"""The direct path: a synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on the MPI
+backend, from the argument checks to the completed call, for the calls that need least.
 
-Each call returns ``None`` once the collective has completed, or the ``MPI.Request`` still in
-flight after ``yield_after`` seconds of polling (the caller then waits under its timeout).
-Two implementations with one signature: the compiled ``_fastmpi`` where it built and the MPI
-library speaks the MPICH ABI, this module's Python on mpi4py otherwise. Handles are what the
-chosen one takes: :func:`handle` turns a communicator, datatype or op into it.
+What :meth:`Communicator._run` does, in less: the same thread guard, numbering, check mode,
+progress board and flight recorder (an entry is a list, not an object), then the
+non-blocking MPI call, polled until it completes. A call that lasts past ``yield_after``
+is handed to ``Communicator._mpi_wait``, which waits on it under the timeout. Anything
+unusual (another type, dtype, op or layout, a bad root, another thread holding the
+communicator) returns ``NotImplemented`` before any bookkeeping, and the general path runs
+the call or names the error. This is the per-call cost that small messages see.
+
+Two implementations with one interface: ``collectives/_fastmpi.c`` where it built and the
+MPI library speaks the MPICH ABI, this module's Python on mpi4py otherwise (or with
+``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects in the form the chosen
+one takes, and :func:`state` what a communicator keeps for it.
 
 Example:
-    >>> import numpy as np
-    >>> from mpi4py import MPI
-    >>> from collectives import _direct
-    >>> x = np.ones(4)
-    >>> args = (_direct.handle(MPI.DOUBLE), _direct.handle(MPI.SUM), 1e-2)
-    >>> _direct.all_reduce(_direct.handle(MPI.COMM_SELF), None, x, *args)  # None: done
+    >>> comm = col.init(backend="mpi")
+    >>> _direct.all_reduce(comm, comm._fast, np.ones(4), "sum", None)  # the array, reduced
 """
 
 from __future__ import annotations
@@ -26,36 +30,104 @@ from typing import Any, Optional
 import numpy as np
 from mpi4py import MPI
 
+from ._arrays import may_share_memory
+from ._mpi import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS
+from ._ops import ReduceOp
+
 _IN_PLACE = MPI.IN_PLACE
+_OP_TYPES = frozenset({str, ReduceOp})
+# what state() holds, by position
+_COMM, _TOKEN, _SLOTS, _SLOT, _RECORDER, _RANK, _SIZE = range(7)
 
 
-def _poll(request: MPI.Request, yield_after: float) -> Optional[MPI.Request]:
-    test = request.Test
-    start = monotonic()
-    polls = 0
-    while not test():
-        polls += 1
-        if polls & 255 == 0 and monotonic() - start > yield_after:
-            return request
-    return None
+def state(
+    comm_handle: Any, token: list, slots: Any, slot: int, recorder: Any, rank: int, size: int
+) -> tuple:
+    """What a communicator keeps for the direct path (``Communicator._fast``)."""
+    return (comm_handle, token, slots, slot, recorder, rank, size)
 
 
-def _all_reduce(
-    comm: MPI.Comm,
-    send: Any,
-    recv: np.ndarray,
-    datatype: MPI.Datatype,
-    op: MPI.Op,
-    yield_after: float,
-) -> Optional[MPI.Request]:
-    source = _IN_PLACE if send is None else [send, datatype]
-    return _poll(comm.Iallreduce(source, [recv, datatype], op), yield_after)
+def distinct_twin(out: Any, x: Any) -> bool:
+    """True when ``out`` is a writeable NumPy array of ``x``'s dtype and shape, apart from it."""
+    return (
+        type(out) is np.ndarray
+        and out.dtype is x.dtype
+        and out.shape == x.shape
+        and (flags := out.flags).c_contiguous
+        and flags.writeable
+        # two arrays that each own their memory are apart; otherwise compare extents
+        and ((out.base is None and x.base is None) or not may_share_memory(x, out))
+    )
 
 
-def _broadcast(
-    comm: MPI.Comm, buffer: np.ndarray, datatype: MPI.Datatype, root: int, yield_after: float
-) -> Optional[MPI.Request]:
-    return _poll(comm.Ibcast([buffer, datatype], root), yield_after)
+def _all_reduce(comm: Any, fast: tuple, x: Any, op: Any, out: Any) -> Any:
+    if type(x) is not np.ndarray or type(op) not in _OP_TYPES:
+        return NotImplemented
+    types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
+    flags = x.flags
+    if types is None or ops is None or not flags.c_contiguous:
+        return NotImplemented
+    name, t = types
+    source: Any
+    if out is None or out is x:
+        if not flags.writeable:
+            return NotImplemented
+        source, result = _IN_PLACE, x
+    elif distinct_twin(out, x):
+        source, result = [x, t], out
+    else:
+        return NotImplemented
+    post = fast[_COMM].Iallreduce
+    return _run(
+        comm, fast, "all_reduce", x, name, ops[0], None, result, post, (source, [result, t], ops[1])
+    )
+
+
+def _broadcast(comm: Any, fast: tuple, x: Any, root: Any) -> Any:
+    if type(x) is not np.ndarray or type(root) is not int:
+        return NotImplemented
+    types = FAST_TYPE.get(x.dtype)
+    flags = x.flags
+    if types is None or not flags.c_contiguous or not 0 <= root < fast[_SIZE]:
+        return NotImplemented
+    if not flags.writeable and root != fast[_RANK]:  # the root only reads x
+        return NotImplemented
+    name, t = types
+    post = fast[_COMM].Ibcast
+    return _run(comm, fast, "broadcast", x, name, None, root, x, post, ([x, t], root))
+
+
+def _run(comm, fast, call, array, name, op, root, result, post, args) -> Any:
+    token = fast[_TOKEN]
+    try:
+        token.pop()
+    except IndexError:
+        return NotImplemented  # another thread's call: the general path says so
+    try:
+        comm._seq = seq = comm._seq + 1
+        fast[_SLOTS][fast[_SLOT]] = nth = seq - comm._p2p
+        if comm._checker is not None:
+            comm._checker.verify(nth, call, array, name, op, root)
+        entry = [seq, call, array.shape, name, monotonic(), 0.0]
+        recorder = fast[_RECORDER]
+        recorder.append(entry)
+        try:
+            request = post(*args)
+        except BaseException:
+            recorder.pop()  # an MPI error: nothing is in flight to record
+            raise
+        test = request.Test
+        start, yield_after = entry[4], comm.yield_after
+        polls = 0
+        while not test():
+            polls += 1
+            if polls & 255 == 0 and monotonic() - start > yield_after:
+                comm._mpi_wait(request, entry, args)
+                break
+        entry[5] = monotonic()
+    finally:
+        token.append(None)
+    return result
 
 
 def _library_path() -> Optional[str]:
@@ -72,7 +144,7 @@ def _library_path() -> Optional[str]:
 
 
 def _compiled() -> Any:
-    """``_fastmpi`` set up on mpi4py's libmpi, or None where that is not possible."""
+    """``_fastmpi``, given mpi4py's libmpi, or None where that is not possible."""
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
         return None
     try:
@@ -87,30 +159,46 @@ def _compiled() -> Any:
         return None  # mpi4py < 4
     try:
         lib = ctypes.CDLL(path)
-        iallreduce, ibcast, test = (
+        addresses = [
             ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
             for name in ("MPI_Iallreduce_c", "MPI_Ibcast_c", "MPI_Test")
-        )
+        ]
     except (OSError, AttributeError):
         return None  # before MPI-4: no large-count calls
-    _fastmpi.setup(iallreduce, ibcast, test, int(_IN_PLACE), MPI.Exception, MPI.Request.fromhandle)
-    return _fastmpi
+    return _fastmpi, addresses
 
 
 _FAST = _compiled()
 #: whether the compiled calls are in use
 COMPILED = _FAST is not None
 
+
+def handle(obj: Any) -> Any:
+    """``obj`` (an MPI communicator, datatype or op) as the direct path takes it."""
+    return MPI._handleof(obj) if COMPILED else obj
+
+
+#: native-order dtype -> (name, MPI datatype)
+FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.items()}
+#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op)
+FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
+
 if _FAST is not None:
-    all_reduce = _FAST.all_reduce
-    broadcast = _FAST.broadcast
-
-    def handle(obj: Any) -> Any:
-        return MPI._handleof(obj)
-
+    _module, (_iallreduce, _ibcast, _test) = _FAST
+    _module.setup(
+        _iallreduce,
+        _ibcast,
+        _test,
+        int(_IN_PLACE),
+        MPI.Exception,
+        MPI.Request.fromhandle,
+        np.ndarray,
+        FAST_TYPE,
+        FAST_OP,
+        ReduceOp,
+    )
+    all_reduce = _module.all_reduce
+    broadcast = _module.broadcast
 else:
     all_reduce = _all_reduce
     broadcast = _broadcast
-
-    def handle(obj: Any) -> Any:
-        return obj

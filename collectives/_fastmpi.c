@@ -1,17 +1,28 @@
-/* The direct path's inner loop in C: start a non-blocking MPI collective on host buffers and
- * poll it until it completes, or hand it back to Python once it has lasted `yield_after`.
+/* The direct path in C: a synchronous all_reduce or broadcast of a NumPy array on the MPI
+ * backend, from the argument checks to the completed call.
  *
- * Python costs per call what small messages take on the wire, so the start and the polling
- * loop live here (collectives/_direct.py is the same in Python, and the fallback). The MPI
- * functions are the ones mpi4py's libmpi exports, passed in as addresses by setup(): this
- * module links against no MPI, and it speaks the MPICH ABI (integer handles, 64-bit
+ * Python costs per call about what small messages take on the wire, so this module does
+ * here what collectives/_direct.py does in Python (and that module is the reference and the
+ * fallback): the same checks, then the same bookkeeping as Communicator._run (the thread
+ * guard, numbering, check mode, the progress board, the flight recorder), then it posts the
+ * non-blocking MPI call and polls it with the GIL released. A call that lasts past
+ * `yield_after` is handed to Communicator._mpi_wait, which waits under the timeout.
+ *
+ * Anything unusual (another type, dtype, op or layout, a bad root, a thread holding the
+ * communicator) returns NotImplemented before any bookkeeping: the general path then runs
+ * the call, or raises the error it names.
+ *
+ * The MPI functions are the ones mpi4py's libmpi exports, passed in as addresses by setup():
+ * this module links against no MPI. It speaks the MPICH ABI (integer handles, 64-bit
  * MPI_Count): MPICH, Intel MPI, Cray MPICH, MVAPICH. _direct.py checks that before setup().
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
 #include <time.h>
 
-typedef int Handle; /* MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request */
+typedef int Handle;      /* MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request */
 typedef long long Count; /* MPI_Count */
 typedef int (*IallreduceFn)(const void *, void *, Count, Handle, Handle, Handle, Handle *);
 typedef int (*IbcastFn)(void *, Count, Handle, int, Handle, Handle *);
@@ -23,6 +34,17 @@ static TestFn mpi_test;
 static void *mpi_in_place;
 static PyObject *mpi_error;           /* mpi4py's MPI.Exception: called with the error code */
 static PyObject *request_from_handle; /* MPI.Request.fromhandle */
+static PyObject *ndarray;             /* numpy.ndarray */
+static PyObject *fast_type;           /* _mpi.FAST_TYPE: dtype -> (name, datatype handle) */
+static PyObject *fast_op;             /* _mpi.FAST_OP: op -> (ReduceOp, op handle) */
+static PyObject *reduce_op;           /* the ReduceOp class */
+
+/* attribute and call names, interned once */
+static PyObject *s_dtype, *s_shape, *s_seq, *s_p2p, *s_checker, *s_yield_after, *s_verify,
+    *s_append, *s_pop, *s_mpi_wait, *s_all_reduce, *s_broadcast;
+
+/* What a communicator keeps for this path (Communicator._fast): see _direct.state(). */
+enum { ST_COMM, ST_TOKEN, ST_SLOTS, ST_SLOT, ST_RECORDER, ST_RANK, ST_SIZE, ST_LENGTH };
 
 static double now(void)
 {
@@ -45,21 +67,13 @@ static int poll(Handle *request, int *done, double yield_after)
     return rc;
 }
 
-/* None once complete; the MPI.Request still in flight; or the MPI error raised. */
-static PyObject *finish(int rc, int done, Handle request)
+static void raise_mpi_error(int rc)
 {
-    if (rc != 0) {
-        PyObject *error = PyObject_CallFunction(mpi_error, "i", rc);
-        if (error != NULL) {
-            PyErr_SetObject((PyObject *)Py_TYPE(error), error);
-            Py_DECREF(error);
-        }
-        return NULL;
+    PyObject *error = PyObject_CallFunction(mpi_error, "i", rc);
+    if (error != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+        Py_DECREF(error);
     }
-    if (done)
-        Py_RETURN_NONE;
-    /* mpi4py takes handles sign-extended to 64 bits, as it gives them */
-    return PyObject_CallFunction(request_from_handle, "K", (unsigned long long)(long long)request);
 }
 
 /* mpi4py gives handles sign-extended to 64 bits: their low 32 bits are the handle. */
@@ -72,101 +86,333 @@ static int as_handle(PyObject *value, Handle *handle)
     return 0;
 }
 
-static int as_double(PyObject *value, double *d)
+/* A C-contiguous buffer of `array` (writable if asked), or 0 with no error set. */
+static int take_buffer(PyObject *array, Py_buffer *view, int writable)
 {
-    *d = PyFloat_AsDouble(value);
-    return (*d == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    if (PyObject_GetBuffer(array, view, PyBUF_ND | (writable ? PyBUF_WRITABLE : 0)) == 0)
+        return 1;
+    PyErr_Clear(); /* not ours to judge: the general path names what is wrong */
+    return 0;
 }
 
-/* all_reduce(comm, send, recv, datatype, op, yield_after): send None is in place. */
+static int same_shape(const Py_buffer *a, const Py_buffer *b)
+{
+    return a->ndim == b->ndim &&
+           (a->ndim == 0 || memcmp(a->shape, b->shape, a->ndim * sizeof(Py_ssize_t)) == 0);
+}
+
+static int apart(const Py_buffer *a, const Py_buffer *b)
+{
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a->len == 0 || b->len == 0 || a0 + a->len <= b0 || b0 + b->len <= a0;
+}
+
+/* One call, once its arguments have passed: what Communicator._mpi_sync does in Python. */
+typedef struct {
+    PyObject *comm, *state, *call, *array, *name, *op, *root; /* borrowed */
+    PyObject *keep;     /* the arrays (and table entries), for _mpi_wait to hold */
+    void *send, *recv;  /* all_reduce: send NULL in place; broadcast: recv only */
+    Count count;
+    Handle datatype, mpi_op;
+    int root_rank;
+} Call;
+
+/* Number the call on this rank (seq, progress board), check it, and record it. */
+static PyObject *begin(const Call *c)
+{
+    PyObject *seq_obj = PyObject_GetAttr(c->comm, s_seq);
+    PyObject *p2p_obj = seq_obj ? PyObject_GetAttr(c->comm, s_p2p) : NULL;
+    if (p2p_obj == NULL) {
+        Py_XDECREF(seq_obj);
+        return NULL;
+    }
+    long long seq = PyLong_AsLongLong(seq_obj) + 1, nth = seq - PyLong_AsLongLong(p2p_obj);
+    Py_DECREF(seq_obj);
+    Py_DECREF(p2p_obj);
+    PyObject *seq_new = PyLong_FromLongLong(seq);
+    if (seq_new == NULL || PyObject_SetAttr(c->comm, s_seq, seq_new) < 0) {
+        Py_XDECREF(seq_new);
+        return NULL;
+    }
+    Py_buffer slots;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(c->state, ST_SLOTS), &slots, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(seq_new);
+        return NULL;
+    }
+    ((long long *)slots.buf)[PyLong_AsSsize_t(PyTuple_GET_ITEM(c->state, ST_SLOT))] = nth;
+    PyBuffer_Release(&slots);
+
+    PyObject *checker = PyObject_GetAttr(c->comm, s_checker);
+    if (checker == NULL) {
+        Py_DECREF(seq_new);
+        return NULL;
+    }
+    if (checker != Py_None) {
+        PyObject *nth_obj = PyLong_FromLongLong(nth);
+        PyObject *r = nth_obj == NULL ? NULL
+                                      : PyObject_CallMethodObjArgs(checker, s_verify, nth_obj,
+                                                                   c->call, c->array, c->name,
+                                                                   c->op, c->root, NULL);
+        Py_XDECREF(nth_obj);
+        Py_DECREF(checker);
+        if (r == NULL) {
+            Py_DECREF(seq_new);
+            return NULL;
+        }
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(checker);
+    }
+    PyObject *shape = PyObject_GetAttr(c->array, s_shape);
+    PyObject *entry = shape == NULL ? NULL : PyList_New(6);
+    if (entry == NULL) {
+        Py_XDECREF(shape);
+        Py_DECREF(seq_new);
+        return NULL;
+    }
+    Py_INCREF(c->call);
+    Py_INCREF(c->name);
+    PyList_SET_ITEM(entry, 0, seq_new);
+    PyList_SET_ITEM(entry, 1, c->call);
+    PyList_SET_ITEM(entry, 2, shape);
+    PyList_SET_ITEM(entry, 3, c->name);
+    PyList_SET_ITEM(entry, 4, PyFloat_FromDouble(now()));
+    PyList_SET_ITEM(entry, 5, PyFloat_FromDouble(0.0));
+    PyObject *r = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(c->state, ST_RECORDER), s_append,
+                                            entry);
+    if (r == NULL) {
+        Py_DECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return entry;
+}
+
+/* Post the call and poll it; hand it to comm._mpi_wait if it lasts. 0, or -1 with an error. */
+static int post_and_wait(const Call *c, PyObject *entry)
+{
+    double yield_after;
+    PyObject *y = PyObject_GetAttr(c->comm, s_yield_after);
+    if (y == NULL)
+        return -1;
+    yield_after = PyFloat_AsDouble(y);
+    Py_DECREF(y);
+    Handle comm, request = 0;
+    if (yield_after == -1.0 && PyErr_Occurred())
+        return -1;
+    if (as_handle(PyTuple_GET_ITEM(c->state, ST_COMM), &comm) < 0)
+        return -1;
+    int rc, done = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (c->call == s_all_reduce)
+        rc = mpi_iallreduce(c->send ? c->send : mpi_in_place, c->recv, c->count, c->datatype,
+                            c->mpi_op, comm, &request);
+    else
+        rc = mpi_ibcast(c->recv, c->count, c->datatype, c->root_rank, comm, &request);
+    if (rc == 0)
+        rc = poll(&request, &done, yield_after);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyObject *r = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(c->state, ST_RECORDER), s_pop);
+        Py_XDECREF(r); /* an MPI error: nothing is in flight to record */
+        raise_mpi_error(rc);
+        return -1;
+    }
+    if (!done) {
+        /* mpi4py takes handles sign-extended to 64 bits, as it gives them */
+        PyObject *req = PyObject_CallFunction(request_from_handle, "K",
+                                              (unsigned long long)(long long)request);
+        if (req == NULL)
+            return -1;
+        PyObject *r = PyObject_CallMethodObjArgs(c->comm, s_mpi_wait, req, entry, c->keep, NULL);
+        Py_DECREF(req);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    PyObject *end = PyFloat_FromDouble(now());
+    if (end == NULL)
+        return -1;
+    PyList_SetItem(entry, 5, end);
+    return 0;
+}
+
+/* The thread guard around begin() and post_and_wait(). NotImplemented: the token is taken. */
+static PyObject *run(const Call *c, PyObject *result)
+{
+    PyObject *token = PyTuple_GET_ITEM(c->state, ST_TOKEN);
+    if (PyList_GET_SIZE(token) == 0)
+        Py_RETURN_NOTIMPLEMENTED; /* another thread's call: the general path says so */
+    if (PyList_SetSlice(token, 0, 1, NULL) < 0)
+        return NULL;
+    PyObject *entry = begin(c);
+    int failed = entry == NULL || post_and_wait(c, entry) < 0;
+    Py_XDECREF(entry);
+    if (PyList_Append(token, Py_None) < 0 || failed)
+        return NULL;
+    Py_INCREF(result);
+    return result;
+}
+
+static int check_state(PyObject *state)
+{
+    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != ST_LENGTH) {
+        PyErr_SetString(PyExc_TypeError, "state must be _direct.state()'s tuple");
+        return -1;
+    }
+    return 0;
+}
+
+/* all_reduce(comm, state, x, op, out): x reduced into out (None: in place), or NotImplemented. */
 static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Handle comm, datatype, op, request = 0;
-    double yield_after;
-    Py_buffer send, recv;
-    int rc, done = 0;
-    (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "all_reduce takes 6 arguments");
-        return NULL;
-    }
-    if (as_handle(args[0], &comm) || as_handle(args[3], &datatype) ||
-        as_handle(args[4], &op) || as_double(args[5], &yield_after))
-        return NULL;
-    if (PyObject_GetBuffer(args[2], &recv, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (args[1] != Py_None && PyObject_GetBuffer(args[1], &send, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&recv);
-        return NULL;
-    }
-    Count count = recv.len / (recv.itemsize ? recv.itemsize : 1);
-    const void *source = args[1] == Py_None ? mpi_in_place : send.buf;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mpi_iallreduce(source, recv.buf, count, datatype, op, comm, &request);
-    if (rc == 0)
-        rc = poll(&request, &done, yield_after);
-    Py_END_ALLOW_THREADS
-    if (args[1] != Py_None)
-        PyBuffer_Release(&send);
-    PyBuffer_Release(&recv);
-    return finish(rc, done, request);
-}
-
-/* broadcast(comm, buffer, datatype, root, yield_after): the root's buffer is only read. */
-static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    Handle comm, datatype, root, request = 0;
-    double yield_after;
-    Py_buffer buffer;
-    int rc, done = 0;
     (void)self;
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "broadcast takes 5 arguments");
+        PyErr_SetString(PyExc_TypeError, "all_reduce takes 5 arguments");
         return NULL;
     }
-    if (as_handle(args[0], &comm) || as_handle(args[2], &datatype) ||
-        as_handle(args[3], &root) || as_double(args[4], &yield_after))
+    PyObject *x = args[2], *op = args[3], *out = args[4];
+    if (check_state(args[1]) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &buffer, PyBUF_SIMPLE) < 0)
+    if ((PyObject *)Py_TYPE(x) != ndarray ||
+        !(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
+        Py_RETURN_NOTIMPLEMENTED;
+    int in_place = out == Py_None || out == x;
+    if (!in_place && (PyObject *)Py_TYPE(out) != ndarray)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
+    if (dtype == NULL)
         return NULL;
-    Count count = buffer.len / (buffer.itemsize ? buffer.itemsize : 1);
-    Py_BEGIN_ALLOW_THREADS
-    rc = mpi_ibcast(buffer.buf, count, datatype, root, comm, &request);
-    if (rc == 0)
-        rc = poll(&request, &done, yield_after);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&buffer);
-    return finish(rc, done, request);
+    PyObject *types = PyDict_GetItemWithError(fast_type, dtype); /* borrowed */
+    PyObject *ops = types == NULL ? NULL : PyDict_GetItemWithError(fast_op, op);
+    int same_dtype = 1;
+    if (ops != NULL && !in_place) {
+        PyObject *out_dtype = PyObject_GetAttr(out, s_dtype);
+        if (out_dtype == NULL) {
+            Py_DECREF(dtype);
+            return NULL;
+        }
+        same_dtype = out_dtype == dtype;
+        Py_DECREF(out_dtype);
+    }
+    Py_DECREF(dtype);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ops == NULL || !same_dtype)
+        Py_RETURN_NOTIMPLEMENTED;
+
+    Py_buffer xb, ob;
+    if (!take_buffer(x, &xb, in_place))
+        Py_RETURN_NOTIMPLEMENTED;
+    if (!in_place) {
+        if (!take_buffer(out, &ob, 1)) {
+            PyBuffer_Release(&xb);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        if (!same_shape(&xb, &ob) || !apart(&xb, &ob)) { /* the general path judges overlap */
+            PyBuffer_Release(&ob);
+            PyBuffer_Release(&xb);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+    }
+    PyObject *result = in_place ? x : out, *done = NULL;
+    /* the table entries are held: check mode and the recorder run Python in between */
+    PyObject *keep = PyTuple_Pack(4, x, result, types, ops);
+    Call c = {args[0], args[1], s_all_reduce, x, PyTuple_GET_ITEM(types, 0),
+              PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0};
+    if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0 &&
+        as_handle(PyTuple_GET_ITEM(ops, 1), &c.mpi_op) == 0) {
+        c.count = xb.len / (xb.itemsize ? xb.itemsize : 1);
+        c.send = in_place ? NULL : xb.buf;
+        c.recv = in_place ? xb.buf : ob.buf;
+        done = run(&c, result);
+    }
+    Py_XDECREF(keep);
+    if (!in_place)
+        PyBuffer_Release(&ob);
+    PyBuffer_Release(&xb);
+    return done;
 }
 
-/* setup(iallreduce_c, ibcast_c, test, in_place, error_type, request_from_handle) */
+/* broadcast(comm, state, x, root): x from root on every rank, or NotImplemented. */
+static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "broadcast takes 4 arguments");
+        return NULL;
+    }
+    PyObject *state = args[1], *x = args[2], *root = args[3];
+    if (check_state(state) < 0)
+        return NULL;
+    if ((PyObject *)Py_TYPE(x) != ndarray || !PyLong_CheckExact(root))
+        Py_RETURN_NOTIMPLEMENTED;
+    long root_rank = PyLong_AsLong(root);
+    long rank = PyLong_AsLong(PyTuple_GET_ITEM(state, ST_RANK));
+    long size = PyLong_AsLong(PyTuple_GET_ITEM(state, ST_SIZE));
+    if (PyErr_Occurred())
+        PyErr_Clear(); /* a root too large for a C long: out of range below */
+    if (root_rank < 0 || root_rank >= size)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
+    if (dtype == NULL)
+        return NULL;
+    PyObject *types = PyDict_GetItemWithError(fast_type, dtype);
+    Py_DECREF(dtype);
+    if (types == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_buffer xb;
+    if (!take_buffer(x, &xb, root_rank != rank)) /* the root only reads x */
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *done = NULL, *keep = PyTuple_Pack(2, x, types);
+    Call c = {args[0], state, s_broadcast, x, PyTuple_GET_ITEM(types, 0), Py_None, root,
+              keep, NULL, NULL, 0, 0, 0, (int)root_rank};
+    if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0) {
+        c.count = xb.len / (xb.itemsize ? xb.itemsize : 1);
+        c.recv = xb.buf;
+        done = run(&c, x);
+    }
+    Py_XDECREF(keep);
+    PyBuffer_Release(&xb);
+    return done;
+}
+
+/* setup(iallreduce_c, ibcast_c, test, in_place, error, request_from_handle, ndarray,
+ *       fast_type, fast_op, reduce_op) */
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     unsigned long long iallreduce, ibcast, test;
     long long in_place;
-    PyObject *error, *from_handle;
+    PyObject *objects[6];
+    PyObject **slots[6] = {&mpi_error, &request_from_handle, &ndarray,
+                           &fast_type, &fast_op,   &reduce_op};
     (void)self;
-    if (!PyArg_ParseTuple(args, "KKKLOO", &iallreduce, &ibcast, &test, &in_place, &error,
-                          &from_handle))
+    if (!PyArg_ParseTuple(args, "KKKLOOOO!O!O", &iallreduce, &ibcast, &test, &in_place,
+                          &objects[0], &objects[1], &objects[2], &PyDict_Type, &objects[3],
+                          &PyDict_Type, &objects[4], &objects[5]))
         return NULL;
     mpi_iallreduce = (IallreduceFn)(uintptr_t)iallreduce;
     mpi_ibcast = (IbcastFn)(uintptr_t)ibcast;
     mpi_test = (TestFn)(uintptr_t)test;
     mpi_in_place = (void *)(intptr_t)in_place;
-    Py_INCREF(error);
-    Py_XSETREF(mpi_error, error);
-    Py_INCREF(from_handle);
-    Py_XSETREF(request_from_handle, from_handle);
+    for (int i = 0; i < 6; i++) {
+        Py_INCREF(objects[i]);
+        Py_XSETREF(*slots[i], objects[i]);
+    }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))all_reduce, METH_FASTCALL,
-     "all_reduce(comm, send, recv, datatype, op, yield_after) -> MPI.Request | None"},
+     "all_reduce(comm, state, x, op, out) -> the result, or NotImplemented"},
     {"broadcast", (PyCFunction)(void (*)(void))broadcast, METH_FASTCALL,
-     "broadcast(comm, buffer, datatype, root, yield_after) -> MPI.Request | None"},
-    {"setup", setup, METH_VARARGS, "setup(iallreduce_c, ibcast_c, test, in_place, error, "
-                                   "request_from_handle): the MPI functions to call"},
+     "broadcast(comm, state, x, root) -> x, or NotImplemented"},
+    {"setup", setup, METH_VARARGS,
+     "setup(iallreduce_c, ibcast_c, test, in_place, error, request_from_handle, ndarray, "
+     "fast_type, fast_op, reduce_op)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -176,5 +422,20 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__fastmpi(void)
 {
+    struct {
+        PyObject **name;
+        const char *text;
+    } names[] = {
+        {&s_dtype, "dtype"},         {&s_shape, "shape"},     {&s_seq, "_seq"},
+        {&s_p2p, "_p2p"},            {&s_checker, "_checker"}, {&s_yield_after, "yield_after"},
+        {&s_verify, "verify"},       {&s_append, "append"},   {&s_pop, "pop"},
+        {&s_mpi_wait, "_mpi_wait"},  {&s_all_reduce, "all_reduce"},
+        {&s_broadcast, "broadcast"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        *names[i].name = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].name == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }

@@ -15,7 +15,6 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct
 from ._arrays import is_device_array, is_slot
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._ops import BY_NAME, ReduceOp
@@ -56,20 +55,17 @@ MPI_OP = {
     ReduceOp.AVG: MPI.SUM,
 }
 
-#: native-order dtype -> (name, MPI type as _direct takes it) for the dtypes MPI reduces
-#: natively, looked up once per call on the front end's direct path (a swapped byte order is
-#: not equal, so it misses; complex is left to the checked path: it has no max or min)
-FAST_TYPE = {
-    np.dtype(ch): (name, _direct.handle(MPI_TYPE[name]))
+#: native-order dtype -> (name, MPI type) for the dtypes MPI reduces natively: the direct
+#: path's table (_direct.FAST_TYPE), looked up once per call (a swapped byte order is not
+#: equal, so it misses; complex is left to the checked path: it has no max or min)
+FAST_TYPE_OBJECTS = {
+    np.dtype(ch): (name, MPI_TYPE[name])
     for ch, name in NAME_OF_CHAR.items()
     if name not in UPCAST and name not in COMPLEX
 }
 
-#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op as _direct takes it),
-#: AVG excepted
-FAST_OP = {
-    key: (op, _direct.handle(MPI_OP[op])) for key, op in BY_NAME.items() if op is not ReduceOp.AVG
-}
+#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op), AVG excepted
+FAST_OP_OBJECTS = {key: (op, MPI_OP[op]) for key, op in BY_NAME.items() if op is not ReduceOp.AVG}
 
 _TAG = 7071
 

@@ -1,83 +1,129 @@
-"""The direct path's two implementations (compiled, Python) agree, at world size 1."""
+"""The direct path (collectives._direct), at world size 1.
+
+This module and test_collectives_fast_path.py run again with ``COLLECTIVES_PURE_PYTHON=1``
+(the first test here), so both implementations, compiled and Python, pass them.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
+import collectives as col
 from collectives import _direct
 
-PYTHON = pytest.param((_direct._all_reduce, _direct._broadcast, lambda obj: obj), id="python")
-try:
-    from collectives import _fastmpi  # type: ignore[attr-defined]
 
-    COMPILED = pytest.param(
-        (_fastmpi.all_reduce, _fastmpi.broadcast, MPI._handleof), id="compiled"
-    )
-except ImportError:
-    COMPILED = pytest.param(None, id="compiled", marks=pytest.mark.skip("_fastmpi not built"))
+@pytest.fixture
+def comm():
+    c = col.init(backend="mpi")
+    yield c
+    c.close()
 
 
 def test_the_compiled_path_is_in_use_where_it_can_be():
     # Linux, an MPICH-ABI MPI-4 library and a C compiler at install: .ci/run has all three.
-    if os.environ.get("COLLECTIVES_PURE_PYTHON") != "1" and sys.platform == "linux":
-        if MPI.Get_library_version().startswith("MPICH"):
-            assert _direct.COMPILED
-            assert _direct.all_reduce is _fastmpi.all_reduce
+    if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
+        assert not _direct.COMPILED
+        assert _direct.all_reduce is _direct._all_reduce
+    elif sys.platform == "linux" and MPI.Get_library_version().startswith("MPICH"):
+        assert _direct.COMPILED
+        assert type(_direct.all_reduce).__name__ == "builtin_function_or_method"
 
 
-def test_the_python_path_can_be_chosen():
-    code = "from collectives import _direct; assert not _direct.COMPILED, 'compiled'"
+@pytest.mark.skipif(os.environ.get("COLLECTIVES_PURE_PYTHON") == "1", reason="in Python now")
+def test_these_tests_pass_with_the_python_implementation():
+    here = Path(__file__)
+    files = [str(here), str(here.with_name("test_collectives_fast_path.py"))]
     env = dict(os.environ, COLLECTIVES_PURE_PYTHON="1")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+        env=env, capture_output=True, text=True, timeout=300, cwd=here.parent.parent,
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
 
 
-@pytest.fixture(params=[COMPILED, PYTHON])
-def impl(request):
-    all_reduce, broadcast, handle = request.param
-    comm = MPI.COMM_WORLD.Dup()  # a duplicate: its handle has the high bit set
-    yield all_reduce, broadcast, handle, comm
-    comm.Free()
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.uint64])
+def test_all_reduce_in_place_and_out_of_place(comm, dtype):
+    x = np.arange(1, 6, dtype=dtype).reshape(5, 1)
+    assert _direct.all_reduce(comm, comm._fast, x, "max", None) is x
+    out = np.zeros_like(x)
+    assert _direct.all_reduce(comm, comm._fast, x, col.ReduceOp.SUM, out) is out
+    np.testing.assert_array_equal(out, x)
+    assert [c["call"] for c in comm.flight_record()] == ["all_reduce", "all_reduce"]
+    assert comm._seq == 2 and comm._progress_slots[comm.local_rank] == 2
+
+
+def test_broadcast_and_an_empty_array(comm):
+    x = np.arange(4.0)
+    x.flags.writeable = False  # the root only reads its buffer
+    assert _direct.broadcast(comm, comm._fast, x, 0) is x
+    empty = np.ones(0)
+    assert _direct.broadcast(comm, comm._fast, empty, 0) is empty
+    assert [c["state"] for c in comm.flight_record()] == ["completed", "completed"]
+
+
+def _not_for_the_direct_path():
+    strided = np.zeros(8)[::2]
+    read_only = np.ones(4)
+    read_only.flags.writeable = False
+    buf = np.arange(8.0)
+    return [
+        ("list", [1.0, 2.0], "sum", None),
+        ("subclass", np.ones(4).view(np.matrix), "sum", None),
+        ("strided", strided, "sum", None),
+        ("read-only in place", read_only, "sum", None),
+        ("complex", np.ones(4, np.complex64), "sum", None),
+        ("big-endian", np.ones(4, ">f8"), "sum", None),
+        ("avg", np.ones(4), "avg", None),
+        ("op name unknown", np.ones(4), "mean", None),
+        ("op a list", np.ones(4), ["sum"], None),
+        ("op an int", np.ones(4), 0, None),
+        ("out of another dtype", np.ones(4), "sum", np.ones(4, np.float32)),
+        ("out of another shape", np.ones(4), "sum", np.ones((2, 2))),
+        ("out strided", np.ones(4), "sum", strided),
+        ("out read-only", np.ones(4), "sum", read_only),
+        ("out a list", np.ones(4), "sum", [0.0] * 4),
+        ("out overlapping", buf[0:4], "sum", buf[2:6]),
+        ("out the same memory", buf[0:4], "sum", buf[0:4]),
+    ]
 
 
 @pytest.mark.parametrize(
-    "dtype, mpi_type",
-    [(np.float64, MPI.DOUBLE), (np.float32, MPI.FLOAT), (np.int8, MPI.INT8_T),
-     (np.uint64, MPI.UINT64_T)],
+    "x, op, out", [case[1:] for case in _not_for_the_direct_path()],
+    ids=[case[0] for case in _not_for_the_direct_path()],
 )
-def test_all_reduce_in_place_and_out_of_place(impl, dtype, mpi_type):
-    all_reduce, _, handle, comm = impl
-    x = np.arange(1, 6, dtype=dtype).reshape(5, 1)
-    assert all_reduce(handle(comm), None, x, handle(mpi_type), handle(MPI.MAX), 1e-2) is None
-    np.testing.assert_array_equal(x.ravel(), np.arange(1, 6))
-    out = np.zeros_like(x)
-    assert all_reduce(handle(comm), x, out, handle(mpi_type), handle(MPI.SUM), 1e-2) is None
-    np.testing.assert_array_equal(out, x)
+def test_what_is_left_to_the_general_path_is_left_untouched(comm, x, op, out):
+    assert _direct.all_reduce(comm, comm._fast, x, op, out) is NotImplemented
+    assert comm._seq == 0 and comm.flight_record() == []
 
 
-def test_broadcast_and_an_empty_array(impl):
-    _, broadcast, handle, comm = impl
-    x = np.arange(4.0)
-    x.flags.writeable = False  # the root only reads its buffer
-    assert broadcast(handle(comm), x, handle(MPI.DOUBLE), 0, 1e-2) is None
-    np.testing.assert_array_equal(x, np.arange(4.0))
-    assert broadcast(handle(comm), np.ones(0), handle(MPI.DOUBLE), 0, 1e-2) is None
+@pytest.mark.parametrize("root", [1, -1, 2**70, 0.0, True, None])
+def test_broadcast_leaves_bad_roots_to_the_general_path(comm, root):
+    assert _direct.broadcast(comm, comm._fast, np.ones(2), root) is NotImplemented
+    assert comm._seq == 0
 
 
-def test_an_mpi_error_is_raised_as_mpi4py_raises_it(impl):
-    _, broadcast, handle, comm = impl
-    with pytest.raises(MPI.Exception, match="Invalid root"):
-        broadcast(handle(comm), np.ones(2), handle(MPI.DOUBLE), 3, 1e-2)
+def test_a_thread_holding_the_communicator_leaves_the_call_to_the_general_path(comm):
+    comm._token.pop()  # as while another thread's call is in flight
+    try:
+        assert _direct.all_reduce(comm, comm._fast, np.ones(2), "sum", None) is NotImplemented
+        with pytest.raises(col.InvalidArgumentError, match="in use by another thread"):
+            comm.all_reduce(np.ones(2))
+    finally:
+        comm._token.append(None)
 
 
-def test_a_buffer_that_cannot_be_written_is_refused(impl):
-    all_reduce, _, handle, comm = impl
-    x = np.ones(2)
-    x.flags.writeable = False
-    with pytest.raises((BufferError, ValueError)):
-        all_reduce(handle(comm), None, x, handle(MPI.DOUBLE), handle(MPI.SUM), 1e-2)
+def test_an_mpi_error_is_raised_unrecorded_and_the_token_comes_back(comm):
+    fast = comm._fast
+    broken = _direct.state(_direct.handle(MPI.COMM_NULL), *fast[1:])
+    with pytest.raises(MPI.Exception):
+        _direct.all_reduce(comm, broken, np.ones(2), "sum", None)
+    assert comm.flight_record() == []
+    assert comm._token == [None]
+    np.testing.assert_array_equal(comm.all_reduce(np.ones(2)), 1.0)

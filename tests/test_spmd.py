@@ -37,11 +37,19 @@ def test_spmd(path: Path, size: int, timeout: float):
     _passes(path, size, run_spmd(path, size, timeout=timeout))
 
 
-@pytest.mark.parametrize("name", ["test_collectives_verbs", "test_reliability"])
-def test_spmd_with_the_direct_path_in_python(name: str):
+@pytest.mark.parametrize(
+    "path,size",
+    [
+        (SPMD_DIR / "test_collectives_verbs.py", 2),
+        (SPMD_DIR / "test_reliability.py", 2),
+    ],
+    ids=lambda value: value.stem if isinstance(value, Path) else f"np{value}",
+)
+def test_spmd_with_the_direct_path_in_python(path: Path, size: int):
     # as where collectives._fastmpi did not build: the modules that use the direct path most
-    path = SPMD_DIR / f"{name}.py"
-    _passes(path, 2, run_spmd(path, 2, timeout=240, env={"COLLECTIVES_PURE_PYTHON": "1"}))
+    # (test_collectives_direct.py runs the in-process ones so)
+    env = {"COLLECTIVES_PURE_PYTHON": "1"}
+    _passes(path, size, run_spmd(path, size, timeout=240, env=env))
 
 
 def _passes(path: Path, size: int, result) -> None:
