@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 from time import monotonic
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ._arrays import may_share_memory
-from ._mpi import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS
+from ._mpi import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE
@@ -130,19 +129,6 @@ def _run(comm, fast, call, array, name, op, root, result, post, args) -> Any:
     return result
 
 
-def _library_path() -> Optional[str]:
-    """The file of the libmpi that mpi4py loaded (Linux), or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if re.search(r"/libmpi(_[a-z]+)?\.so", path):  # not libmpifort, libmpicxx
-                    return path
-    except OSError:
-        pass
-    return None
-
-
 def _compiled() -> Any:
     """``_fastmpi``, given mpi4py's libmpi, or None where that is not possible."""
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
@@ -152,7 +138,7 @@ def _compiled() -> Any:
     except ImportError:
         return None
     handle_sizes = {MPI._sizeof(cls) for cls in (MPI.Comm, MPI.Datatype, MPI.Op, MPI.Request)}
-    path = _library_path()
+    path = library_path()
     if handle_sizes != {4} or MPI.COUNT.Get_size() != 8 or path is None:
         return None  # not the MPICH ABI
     if not hasattr(MPI.Request, "fromhandle"):

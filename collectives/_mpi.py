@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import time
 from typing import Any, Callable
 
@@ -76,10 +77,24 @@ def mpi_cuda_aware() -> bool:
     if forced is not None:
         return forced == "1"
     try:
-        query = ctypes.CDLL(None).MPIX_Query_cuda_support
+        # mpi4py loads libmpi privately: its symbols are not the process's, so open it by name
+        query = ctypes.CDLL(library_path()).MPIX_Query_cuda_support
     except (AttributeError, OSError):
         return False
     return bool(query())
+
+
+def library_path() -> str | None:
+    """The file of the libmpi that mpi4py loaded (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if re.search(r"/libmpi(_[a-z]+)?\.so", path):  # not libmpifort, libmpicxx
+                    return path
+    except OSError:
+        pass
+    return None
 
 
 def divide_in_place(out: Any, size: int) -> None:

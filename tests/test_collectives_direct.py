@@ -127,3 +127,19 @@ def test_an_mpi_error_is_raised_unrecorded_and_the_token_comes_back(comm):
     assert comm.flight_record() == []
     assert comm._token == [None]
     np.testing.assert_array_equal(comm.all_reduce(np.ones(2)), 1.0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/maps")
+def test_cuda_awareness_is_asked_of_the_library_mpi4py_loaded(monkeypatch):
+    import ctypes
+
+    from collectives._mpi import library_path, mpi_cuda_aware
+
+    path = library_path()
+    assert path is not None and "libmpi" in os.path.basename(path)
+    monkeypatch.delenv("COLLECTIVES_MPI_CUDA_AWARE", raising=False)
+    if MPI.Get_library_version().startswith("MPICH"):  # MPICH has the query, Open MPI too
+        query = ctypes.CDLL(path).MPIX_Query_cuda_support
+        assert mpi_cuda_aware() is bool(query())
+    monkeypatch.setenv("COLLECTIVES_MPI_CUDA_AWARE", "1")
+    assert mpi_cuda_aware() is True
