@@ -107,7 +107,7 @@ static int apart(const Py_buffer *a, const Py_buffer *b)
     return a->len == 0 || b->len == 0 || a0 + a->len <= b0 || b0 + b->len <= a0;
 }
 
-/* One call, once its arguments have passed: what Communicator._mpi_sync does in Python. */
+/* One call, once its arguments have passed (_direct._run is the same in Python). */
 typedef struct {
     PyObject *comm, *state, *call, *array, *name, *op, *root; /* borrowed */
     PyObject *keep;     /* the arrays (and table entries), for _mpi_wait to hold */

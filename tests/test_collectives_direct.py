@@ -43,7 +43,11 @@ def test_these_tests_pass_with_the_python_implementation():
     env = dict(os.environ, COLLECTIVES_PURE_PYTHON="1")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
-        env=env, capture_output=True, text=True, timeout=300, cwd=here.parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=here.parent.parent,
     )
     assert run.returncode == 0, run.stdout[-4000:]
 
@@ -95,7 +99,8 @@ def _not_for_the_direct_path():
 
 
 @pytest.mark.parametrize(
-    "x, op, out", [case[1:] for case in _not_for_the_direct_path()],
+    "x, op, out",
+    [case[1:] for case in _not_for_the_direct_path()],
     ids=[case[0] for case in _not_for_the_direct_path()],
 )
 def test_what_is_left_to_the_general_path_is_left_untouched(comm, x, op, out):

@@ -60,8 +60,10 @@ def _passes(path: Path, size: int, result) -> None:
         problems.append(f"mpiexec exited {result.returncode}")
     if problems:
         pytest.fail(
-            f"{path.name} on {size} ranks:\n" + "\n\n".join(problems)
-            + "\n--- job output (tail) ---\n" + result.output[-4000:],
+            f"{path.name} on {size} ranks:\n"
+            + "\n\n".join(problems)
+            + "\n--- job output (tail) ---\n"
+            + result.output[-4000:],
             pytrace=False,
         )
     counts = result.counts(0)
