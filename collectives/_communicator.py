@@ -378,7 +378,7 @@ class Communicator:
         timeout. ``args`` holds the arrays, which MPI may still write after a timeout."""
         pending = MpiPending(request)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
-        pending.arrays = args  # MPI may still write there after a timeout abandons the call
+        pending.arrays = args
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
         pending._waited(self)  # yield now: this call has already polled for yield_after
         pending.synchronize(self)

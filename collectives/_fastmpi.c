@@ -254,9 +254,15 @@ static PyObject *run(const Call *c, PyObject *result)
     return result;
 }
 
-static int check_state(PyObject *state)
+/* The arguments every call starts with: (comm, state, ...), `expected` of them in all. */
+static int check_arguments(const char *call, PyObject *const *args, Py_ssize_t nargs,
+                           Py_ssize_t expected)
 {
-    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != ST_LENGTH) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", call, expected);
+        return -1;
+    }
+    if (!PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != ST_LENGTH) {
         PyErr_SetString(PyExc_TypeError, "state must be _direct.state()'s tuple");
         return -1;
     }
@@ -267,13 +273,9 @@ static int check_state(PyObject *state)
 static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "all_reduce takes 5 arguments");
+    if (check_arguments("all_reduce", args, nargs, 5) < 0)
         return NULL;
-    }
     PyObject *x = args[2], *op = args[3], *out = args[4];
-    if (check_state(args[1]) < 0)
-        return NULL;
     if ((PyObject *)Py_TYPE(x) != ndarray ||
         !(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
         Py_RETURN_NOTIMPLEMENTED;
@@ -338,13 +340,9 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
 static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "broadcast takes 4 arguments");
+    if (check_arguments("broadcast", args, nargs, 4) < 0)
         return NULL;
-    }
     PyObject *state = args[1], *x = args[2], *root = args[3];
-    if (check_state(state) < 0)
-        return NULL;
     if ((PyObject *)Py_TYPE(x) != ndarray || !PyLong_CheckExact(root))
         Py_RETURN_NOTIMPLEMENTED;
     long root_rank = PyLong_AsLong(root);
