@@ -121,7 +121,7 @@ class Checker:
         while not test():
             polls += 1
             if polls == 256:  # a slow rank: wait under the communicator's timeout
-                pending = MpiPending(request)
+                pending = MpiPending(request, self._spec)
                 pending.info = _waiting_info(seq, call)
                 pending.synchronize(self.comm)
                 break

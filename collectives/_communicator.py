@@ -375,10 +375,10 @@ class Communicator:
 
     def _mpi_wait(self, request: MPI.Request, entry: list, args: tuple) -> None:
         """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the
-        timeout. ``args`` holds the arrays, which MPI may still write after a timeout."""
-        pending = MpiPending(request)
+        timeout. ``args`` holds the arrays, which MPI may still write after a timeout: the
+        pending owns them, and the backend keeps them past an abort."""
+        pending = MpiPending(request, args, self._impl.in_flight)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
-        pending.arrays = args
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
         pending._waited(self)  # yield now: this call has already polled for yield_after
         pending.synchronize(self)

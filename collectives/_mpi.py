@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ._arrays import is_device_array, is_slot
+from ._arrays import array_module, is_device_array, is_slot
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._ops import BY_NAME, ReduceOp
 from ._work import Pending
@@ -69,6 +69,7 @@ FAST_TYPE_OBJECTS = {
 FAST_OP_OBJECTS = {key: (op, MPI_OP[op]) for key, op in BY_NAME.items() if op is not ReduceOp.AVG}
 
 _TAG = 7071
+_REAP_AT = 64  # calls in flight on one communicator before those done are looked for
 
 
 def mpi_cuda_aware() -> bool:
@@ -136,6 +137,10 @@ def _encode(values: Any, out: Any, name: str) -> None:
         out[...] = values
 
 
+def _copy(out: Any, result: Any) -> None:
+    out[...] = result
+
+
 def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
     if first is None:
         return then
@@ -148,15 +153,28 @@ def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callab
 
 
 class MpiPending(Pending):
-    """One non-blocking MPI request; waiting polls it against the communicator's deadline."""
+    """One non-blocking MPI request; waiting polls it against the communicator's deadline.
 
-    arrays: Any = None  # what MPI reads and writes, held where the request does not hold it
+    mpi4py requests do not keep their buffers alive, so the pending owns ``arrays``: the
+    arguments handed to MPI, widened and staged copies included. While it is incomplete it
+    also sits in its backend's ``in_flight``, so that a dropped ``Work`` cannot free them either.
+    """
 
-    def __init__(self, request: MPI.Request, finish=None):
+    def __init__(
+        self,
+        request: MPI.Request,
+        arrays: Any = None,
+        in_flight: set | None = None,
+        finish: Callable[[], None] | None = None,
+    ):
         self.request = request
+        self.arrays = arrays
+        self.in_flight = in_flight
         self.finish = finish
         self.done = False
         self.start = time.monotonic()
+        if in_flight is not None:
+            in_flight.add(self)
 
     def test(self) -> bool:
         if not self.done and self.request.Test():
@@ -176,6 +194,24 @@ class MpiPending(Pending):
 
     wait = synchronize  # MPI has no stream to order: waiting is blocking
 
+    def _complete(self) -> None:
+        super()._complete()
+        if self.in_flight is not None:
+            self.in_flight.discard(self)
+
+
+#: calls whose communicator was closed or aborted before they completed: MPI may still read
+#: and write their arrays, so they are kept here until a later look finds them complete
+_ABANDONED: list[MpiPending] = []
+
+
+def abandon(pendings: set) -> None:
+    """Keep the arrays of ``pendings`` alive past their communicator, for as long as MPI runs
+    them (their ``finish`` is never run: nobody waits for these results any more)."""
+    _ABANDONED[:] = [p for p in _ABANDONED if not p.request.Test()]
+    _ABANDONED.extend(p for p in pendings if not p.done and not p.request.Test())
+    pendings.clear()
+
 
 class MpiBackend:
     """Collectives over one mpi4py communicator."""
@@ -187,6 +223,8 @@ class MpiBackend:
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
+        self.in_flight: set[MpiPending] = set()
+        self._reap_at = _REAP_AT
 
     # Each verb: (x, out, name, op, root) -> MpiPending.
 
@@ -194,72 +232,83 @@ class MpiBackend:
         if name in UPCAST:
             return self._via_float32(self.all_reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
-        if out is x:
-            request = self.comm.Iallreduce(MPI.IN_PLACE, [x, t], MPI_OP[op])
-        else:
-            request = self.comm.Iallreduce([x, t], [out, t], MPI_OP[op])
-        return MpiPending(request, None if op != 4 else self._avg(op, out))  # 4: AVG
+        send = MPI.IN_PLACE if out is x else [x, t]
+        return self._post(self.comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
 
     def reduce(self, x, out, name, op, root):
         if name in UPCAST:
             return self._via_float32(self.reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
         if self.rank != root:
-            request = self.comm.Ireduce([x, t], None, MPI_OP[op], root)
-            return MpiPending(request)
+            return self._post(self.comm.Ireduce, [x, t], None, MPI_OP[op], root)
         send = MPI.IN_PLACE if out is x else [x, t]
-        request = self.comm.Ireduce(send, [out, t], MPI_OP[op], root)
-        return MpiPending(request, self._avg(op, out))
+        return self._post(
+            self.comm.Ireduce, send, [out, t], MPI_OP[op], root, then=self._avg(op, out)
+        )
 
     def broadcast(self, x, out, name, op, root):
-        return MpiPending(self.comm.Ibcast([x, MPI_TYPE[name]], root))
+        return self._post(self.comm.Ibcast, [x, MPI_TYPE[name]], root)
 
     def all_gather(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if is_slot(x, out, self.rank) else [x, t]
-        return MpiPending(self.comm.Iallgather(send, [out, t]))
+        return self._post(self.comm.Iallgather, send, [out, t])
 
     def reduce_scatter(self, x, out, name, op, root):
         if name in UPCAST:
             return self._via_float32(self.reduce_scatter, x, out, name, op, root)
         if is_slot(out, x, self.rank):
             # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
-            result = np.empty_like(out)
+            result = array_module(out).empty_like(out)
             pending = self.reduce_scatter(x, result, name, op, root)
-            pending.finish = _chain(pending.finish, lambda: np.copyto(out, result))
+            pending.finish = _chain(pending.finish, lambda: _copy(out, result))
             return pending
         t = MPI_TYPE[name]
-        request = self.comm.Ireduce_scatter_block([x, t], [out, t], MPI_OP[op])
-        return MpiPending(request, self._avg(op, out))
+        return self._post(
+            self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
+        )
 
     def all_to_all(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        return MpiPending(self.comm.Ialltoall(send, [out, t]))
+        return self._post(self.comm.Ialltoall, send, [out, t])
 
     def gather(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         if self.rank != root:
-            return MpiPending(self.comm.Igather([x, t], None, root))
+            return self._post(self.comm.Igather, [x, t], None, root)
         send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
-        return MpiPending(self.comm.Igather(send, [out, t], root))
+        return self._post(self.comm.Igather, send, [out, t], root)
 
     def scatter(self, x, out, name, op, root):
         t = MPI_TYPE[name]
         if self.rank != root:
-            return MpiPending(self.comm.Iscatter(None, [out, t], root))
-        if is_slot(out, x, root):
-            return MpiPending(self.comm.Iscatter([x, t], MPI.IN_PLACE, root))
-        return MpiPending(self.comm.Iscatter([x, t], [out, t], root))
+            return self._post(self.comm.Iscatter, None, [out, t], root)
+        receive = MPI.IN_PLACE if is_slot(out, x, root) else [out, t]
+        return self._post(self.comm.Iscatter, [x, t], receive, root)
 
     def send(self, x, out, name, op, root):
-        return MpiPending(self.comm.Isend([x, MPI_TYPE[name]], root, _TAG))
+        return self._post(self.comm.Isend, [x, MPI_TYPE[name]], root, _TAG)
 
     def recv(self, x, out, name, op, root):
-        return MpiPending(self.comm.Irecv([out, MPI_TYPE[name]], root, _TAG))
+        return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], root, _TAG)
 
     def barrier(self, x, out, name, op, root):
-        return MpiPending(self.comm.Ibarrier())
+        return self._post(self.comm.Ibarrier)
+
+    def _post(self, start: Callable[..., MPI.Request], *args: Any, then=None) -> MpiPending:
+        """Post ``start(*args)``: the pending owns ``args``, every buffer MPI reads or writes,
+        until the request completes (this is the one place requests are made)."""
+        if len(self.in_flight) >= self._reap_at:
+            self._reap()
+        return MpiPending(start(*args), args, self.in_flight, then)
+
+    def _reap(self) -> None:
+        """Complete the calls nobody waits for (their ``Work`` was dropped), so that
+        ``in_flight`` stays small: a look every time it has doubled."""
+        for pending in list(self.in_flight):
+            pending.test()
+        self._reap_at = max(_REAP_AT, 2 * len(self.in_flight))
 
     # Helpers shared by the verbs.
 
@@ -271,8 +320,9 @@ class MpiBackend:
 
     def _via_float32(self, verb, x, out, name, op, root):
         wide_x = _decode(x, name)
+        xp = array_module(wide_x)
         wide_out = (
-            None if out is None else (wide_x if out is x else np.empty(out.shape, np.float32))
+            None if out is None else (wide_x if out is x else xp.empty(out.shape, xp.float32))
         )
         pending = verb(wide_x, wide_out, "float32", op, root)
         if out is not None:
@@ -313,7 +363,8 @@ class MpiBackend:
         return MpiBackend(child, self.cuda_aware), {}
 
     def close(self) -> None:
-        pass  # the Communicator frees the MPI communicator it shares with this backend
+        # The Communicator frees the MPI communicator, which MPI defers past calls in flight.
+        abandon(self.in_flight)
 
     def abort(self) -> None:
-        pass  # pending requests are abandoned; MPI defers the free until they end
+        abandon(self.in_flight)

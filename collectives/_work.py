@@ -18,6 +18,8 @@ class Pending:
     ``test()`` polls, ``wait()`` orders the caller after the result (MPI: blocks),
     ``synchronize()`` blocks the host. ``finish`` runs once, after completion (host-side
     post-processing such as the division of AVG on MPI or the copy back of staged arrays).
+    ``arrays`` holds whatever the library may still read or write (inputs, outputs, widened
+    and staged copies) until completion; a backend that abandons an operation keeps it longer.
     The front end fills in ``info``: (seq, call, shape, dtype), one tuple per call.
     """
 
@@ -26,6 +28,7 @@ class Pending:
     end = 0.0
     state = "started"
     track = 0
+    arrays: Any = None
 
     @property
     def seq(self) -> int:
@@ -75,6 +78,7 @@ class Pending:
         if self.finish is not None:
             finish, self.finish = self.finish, None
             finish()
+        self.arrays = None
         self.state = "completed"
         self.end = time.monotonic()
         if _timeline.TIMELINE is not None and self.track:
