@@ -6,9 +6,7 @@ Example:
     >>> comm.all_reduce(x, op="avg")
 """
 
-import os as _os
-
-from ._abort import abort_on_exception
+from ._abort import abort_on_exception, install_default
 from ._arrays import BFloat16Array, array_module, as_bfloat16
 from ._communicator import Communicator
 from ._errors import (
@@ -16,6 +14,7 @@ from ._errors import (
     CollectiveMismatchError,
     CollectivesError,
     CollectiveTimeoutError,
+    CommunicatorStateError,
     InvalidArgumentError,
 )
 from ._init import init
@@ -23,8 +22,7 @@ from ._mesh import DeviceMesh
 from ._ops import ReduceOp
 from ._work import Work
 
-if _os.environ.get("COLLECTIVES_ABORT_ON_EXCEPTION", "0") not in ("", "0"):
-    abort_on_exception()
+install_default()  # an uncaught exception on one rank of several ends the whole job
 
 __all__ = [
     "abort_on_exception",
@@ -34,6 +32,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CollectivesError",
     "Communicator",
+    "CommunicatorStateError",
     "DeviceMesh",
     "InvalidArgumentError",
     "ReduceOp",

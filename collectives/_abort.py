@@ -1,7 +1,14 @@
-"""Opt-in: an uncaught exception on any rank aborts the whole MPI job instead of a hang."""
+"""An uncaught exception on any rank of a job of several ranks aborts the whole job.
+
+Without it, the other ranks would wait in their next collective until its timeout, and under
+Open MPI the raising rank itself would hang in ``MPI_Finalize``. torchrun and horovodrun end
+a job whose worker failed; this does the same. ``COLLECTIVES_ABORT_ON_EXCEPTION=0`` turns the
+default off, ``=1`` turns it on at any world size.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Any
@@ -12,22 +19,38 @@ from mpi4py import MPI
 def abort_on_exception(exit_code: int = 1) -> None:
     """Make an uncaught exception on this rank print once and ``MPI_Abort`` the whole job.
 
-    Without it, the other ranks wait in their next collective (until its timeout). Call it
-    once at start-up on every rank, or set ``COLLECTIVES_ABORT_ON_EXCEPTION=1``.
+    On by default when the world has more than one rank (see :func:`install_default`);
+    calling it again changes nothing.
 
     Example:
         >>> import collectives as col
         >>> col.abort_on_exception()
     """
     previous = sys.excepthook
+    if getattr(previous, "_aborts_the_job", False):
+        return
 
     def hook(kind: Any, value: Any, tb: Any) -> None:
-        if issubclass(kind, KeyboardInterrupt):
-            previous(kind, value, tb)
         rank = MPI.COMM_WORLD.Get_rank()
-        text = "".join(traceback.format_exception(kind, value, tb))
-        sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the job:\n{text}")
+        if issubclass(kind, KeyboardInterrupt):
+            previous(kind, value, tb)  # the usual one-line report, printed once
+            sys.stderr.write(f"[rank {rank}] interrupted, aborting the job\n")
+        else:
+            text = "".join(traceback.format_exception(kind, value, tb))
+            sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the job:\n{text}")
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(exit_code)
 
+    hook._aborts_the_job = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def install_default() -> None:
+    """Install :func:`abort_on_exception` as ``COLLECTIVES_ABORT_ON_EXCEPTION`` says: ``0``
+    off, ``1`` on, unset on when ``MPI.COMM_WORLD`` has more than one rank."""
+    wanted = os.environ.get("COLLECTIVES_ABORT_ON_EXCEPTION", "")
+    if wanted == "":
+        if MPI.COMM_WORLD.Get_size() > 1:
+            abort_on_exception()
+    elif wanted != "0":
+        abort_on_exception()

@@ -151,6 +151,8 @@ class Checker:
         while True:
             theirs = board[slot]
             if theirs >> 32 == tag:
+                if waiting.posted is not None:
+                    waiting.posted.done_waiting()
                 return theirs
             polls += 1
             if polls & 255 == 0:

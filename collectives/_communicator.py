@@ -23,7 +23,7 @@ from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
 from ._check import POINT_TO_POINT
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
-from ._errors import CollectivesError, invalid
+from ._errors import CollectivesError, invalid, state_error
 from ._mpi import MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
@@ -123,7 +123,23 @@ class Communicator:
     def __repr__(self) -> str:
         return (
             f"Communicator(backend={self.backend!r}, rank={self.rank}, size={self.size}, "
-            f"device={self.device})"
+            f"device={self.device}, calls={self.call_path!r})"
+        )
+
+    @property
+    def call_path(self) -> str:
+        """Which per-call path runs here, and why, in one line.
+
+        Example: ``comm.call_path`` -> ``"synchronous all_reduce and broadcast of NumPy arrays
+        in C (collectives._fastmpi on libmpi.so.12); other calls through the MPI backend"``.
+        """
+        if self.backend != "mpi":
+            return f"every call through the {self.backend} backend"
+        if self._direct is None:
+            return "every call through the MPI backend (a timeline records each call)"
+        return (
+            f"synchronous all_reduce and broadcast of NumPy arrays {_direct.HOW}; "
+            "other calls through the MPI backend"
         )
 
     # ---------------------------------------------------------------- collectives
@@ -366,6 +382,13 @@ class Communicator:
         except Exception:
             return list(range(self.size))
 
+    def _post_waiting(self, pending) -> Any:
+        """Say on the progress board which call this rank waits in; the board, or None."""
+        board = self._progress
+        if board is not None:
+            board.waiting(f"{pending.call} ({pending.detail})")
+        return board
+
     def progress_report(self) -> str:
         """Which ranks have not reached this rank's latest call (those on this node)."""
         board = self._progress
@@ -394,7 +417,7 @@ class Communicator:
         self._take_token(call)
         try:
             if self._group is not None and self._group_owner != threading.get_ident():
-                raise invalid(call, _IN_USE)
+                raise state_error(call, _IN_USE)
             self._seq = seq = self._seq + 1
             array = x if x is not None else out
             if call in POINT_TO_POINT:
@@ -430,7 +453,7 @@ class Communicator:
         try:
             self._token.pop()
         except IndexError:
-            raise invalid(call, _IN_USE) from None
+            raise state_error(call, _IN_USE) from None
 
     def _wait(self, pending) -> None:
         pending.wait(self)
@@ -466,10 +489,8 @@ class Communicator:
     def _unusable_error(self, call: str) -> CollectivesError:
         reason = self._unusable
         if isinstance(reason, _Closed):
-            return invalid(call, f"{reason} (rank {self.rank})")
-        return CollectivesError(
-            f"{call}: communicator is unusable after an earlier error: {reason}"
-        )
+            return state_error(call, f"{reason} (rank {self.rank})")
+        return state_error(call, f"communicator is unusable after an earlier error: {reason}")
 
     def _usable(self, call: str) -> None:
         if self._unusable is not None:

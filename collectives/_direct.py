@@ -129,20 +129,21 @@ def _run(comm, fast, call, array, name, op, root, result, post, args) -> Any:
     return result
 
 
-def _compiled() -> Any:
-    """``_fastmpi``, given mpi4py's libmpi, or None where that is not possible."""
+def _compiled() -> tuple[Any, str]:
+    """(``_fastmpi`` and mpi4py's libmpi's call addresses, or None; why, in words)."""
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
-        return None
+        return None, "in Python (COLLECTIVES_PURE_PYTHON=1)"
     try:
         from . import _fastmpi  # type: ignore[attr-defined]
     except ImportError:
-        return None
+        return None, "in Python (the C extension collectives._fastmpi was not built)"
     handle_sizes = {MPI._sizeof(cls) for cls in (MPI.Comm, MPI.Datatype, MPI.Op, MPI.Request)}
     path = library_path()
     if handle_sizes != {4} or MPI.COUNT.Get_size() != 8 or path is None:
-        return None  # not the MPICH ABI
+        vendor = MPI.get_vendor()[0]
+        return None, f"in Python (the C path speaks the MPICH ABI; this MPI is {vendor})"
     if not hasattr(MPI.Request, "fromhandle"):
-        return None  # mpi4py < 4
+        return None, "in Python (the C path needs mpi4py >= 4)"
     try:
         lib = ctypes.CDLL(path)
         addresses = [
@@ -150,11 +151,11 @@ def _compiled() -> Any:
             for name in ("MPI_Iallreduce_c", "MPI_Ibcast_c", "MPI_Test")
         ]
     except (OSError, AttributeError):
-        return None  # before MPI-4: no large-count calls
-    return _fastmpi, addresses
+        return None, "in Python (this MPI has no MPI-4 large-count calls)"
+    return (_fastmpi, addresses), f"in C (collectives._fastmpi on {os.path.basename(path)})"
 
 
-_FAST = _compiled()
+_FAST, HOW = _compiled()
 #: whether the compiled calls are in use
 COMPILED = _FAST is not None
 

@@ -15,6 +15,16 @@ class InvalidArgumentError(CollectivesError, ValueError):
     """
 
 
+class CommunicatorStateError(CollectivesError):
+    """The communicator cannot take the call: closed, aborted, failed earlier (the message
+    names the first failure), or in use by another thread. Not a ``ValueError``: the
+    arguments may be fine.
+
+    Example: ``comm.close(); comm.barrier()`` raises
+    ``CommunicatorStateError("barrier: communicator is closed (rank 0)")``.
+    """
+
+
 class CollectiveMismatchError(CollectivesError):
     """Ranks called different collectives (op, shape, dtype, root or reduce op differ)."""
 
@@ -30,3 +40,8 @@ class BackendUnavailableError(CollectivesError):
 def invalid(call: str, message: str) -> InvalidArgumentError:
     """``InvalidArgumentError`` with the call's name in front: ``invalid("send", "peer ...")``."""
     return InvalidArgumentError(f"{call}: {message}")
+
+
+def state_error(call: str, message: str) -> CommunicatorStateError:
+    """``CommunicatorStateError`` with the call's name in front."""
+    return CommunicatorStateError(f"{call}: {message}")

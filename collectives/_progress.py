@@ -1,6 +1,9 @@
-"""The progress board: each rank's latest collective's number, in memory shared within a node.
+"""The progress board: each rank's latest collective's number, and the call it waits in, in
+memory shared within a node.
 
-A rank that times out reads the board to say which ranks never reached its call. The board is
+A rank that times out reads the board to say which ranks never reached its call, and what
+each rank of the node is waiting in (so a rank that skipped a collective and waits in the next
+one is named by what it does, not only by its number). The board is
 a file in /dev/shm that every rank of the node maps and that is unlinked as soon as all have
 opened it, so nothing is left behind even if the job is killed, and closing needs no
 collective (which a communicator that timed out could not complete).
@@ -15,12 +18,17 @@ from typing import Any
 
 from mpi4py import MPI
 
+_WORDS = 3  # per rank: its collective number, and check mode's two slots
+_TEXT = 120  # per rank: the call it waits in, "all_reduce (shape (3,), float64)", UTF-8
+_AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
+
 
 class ProgressBoard:
     """``slots[local_rank]`` holds each rank's latest collective's number (the communicator
     writes its own on every collective); ``report()`` says which ranks are behind this one.
 
-    ``check_slots`` (two per local rank) are check mode's: see ``_check``.
+    ``check_slots`` (two per local rank) are check mode's: see ``_check``. ``waiting()``
+    and ``done_waiting()`` post the call this rank is blocked in, which ``report()`` shows.
     """
 
     def __init__(self, mpi_comm: MPI.Comm):
@@ -34,20 +42,47 @@ class ProgressBoard:
             if self.local_rank == 0:
                 folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
                 fd, path = tempfile.mkstemp(prefix="collectives-progress-", dir=folder)
-                os.ftruncate(fd, 3 * 8 * len(self.members))
+                os.ftruncate(fd, _bytes(len(self.members)))
                 os.close(fd)
             path = local.bcast(path, root=0)
             with open(path, "r+b") as f:
-                self._map = mmap.mmap(f.fileno(), 3 * 8 * len(self.members))
+                self._map = mmap.mmap(f.fileno(), _bytes(len(self.members)))
             local.Barrier()
             if self.local_rank == 0:
                 os.unlink(path)
         finally:
             local.Free()
         n = len(self.members)
-        self._words = memoryview(self._map).cast("q")
+        self._view = memoryview(self._map)
+        self._words = self._view[: _WORDS * 8 * n].cast("q")
         self.slots: Any = self._words[:n]
         self.check_slots: Any = self._words[n:]
+        self._areas = _WORDS * 8 * n  # where the first rank's area begins
+
+    def waiting(self, text: str) -> None:
+        """Post that this rank is blocked in the call ``text`` describes (only once a wait
+        lasts: no cost on calls that complete at once)."""
+        if self.slots is None:
+            return
+        data = text.encode()[:_TEXT].ljust(_TEXT, b"\0")
+        start = self._areas + self.local_rank * _AREA
+        self._map[start + 8 : start + _AREA] = data
+        number = self.slots[self.local_rank] + 1  # 0 means "waits in nothing"
+        self._map[start : start + 8] = number.to_bytes(8, "little", signed=True)
+
+    def done_waiting(self) -> None:
+        if self.slots is None:
+            return
+        start = self._areas + self.local_rank * _AREA
+        self._map[start : start + 8] = bytes(8)
+
+    def _waits_in(self, index: int) -> str | None:
+        """What local rank ``index`` posted it waits in, if that is its current collective."""
+        start = self._areas + index * _AREA
+        number = int.from_bytes(self._map[start : start + 8], "little", signed=True)
+        if number == 0 or number - 1 != self.slots[index]:
+            return None
+        return self._map[start + 8 : start + _AREA].rstrip(b"\0").decode(errors="replace")
 
     def report(self) -> str:
         slots = self.slots
@@ -60,13 +95,25 @@ class ProgressBoard:
             parts.append(f"Ranks that have not reached collective #{mine}: {listed}.")
         else:
             parts.append(f"Every rank on this node has reached collective #{mine}.")
+        doing = []
+        for i, r in enumerate(self.members):
+            call = self._waits_in(i)
+            this = " (this one)" if i == self.local_rank else ""
+            what = f"waits in {call}" if call else "waits in no call"
+            doing.append(f"rank {r}{this} {what} at collective #{slots[i]}")
+        if len(doing) > 1:
+            parts.append("What each rank of the node is doing: " + "; ".join(doing) + ".")
         if elsewhere:
             parts.append(f"Ranks on other nodes, not visible from here: {elsewhere}.")
         return " ".join(parts)
 
     def close(self) -> None:
         if self.slots is not None:
-            for view in (self.slots, self.check_slots, self._words):
+            for view in (self.slots, self.check_slots, self._words, self._view):
                 view.release()
             self.slots = self.check_slots = None
             self._map.close()
+
+
+def _bytes(members: int) -> int:
+    return members * (_WORDS * 8 + _AREA)

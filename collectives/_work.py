@@ -29,6 +29,7 @@ class Pending:
     state = "started"
     track = 0
     arrays: Any = None
+    posted: Any = None  # the progress board this wait is posted on, if it lasted
 
     @property
     def seq(self) -> int:
@@ -66,6 +67,8 @@ class Pending:
         communicator dead."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:
+            if not self.posted:  # a wait that lasts: say on the progress board what it is in
+                self.posted = comm._post_waiting(self)
             if waited > comm.timeout:
                 comm._die(timeout_error(comm, self, waited))
             if waited > 1.0:
@@ -79,6 +82,8 @@ class Pending:
             finish, self.finish = self.finish, None
             finish()
         self.arrays = None
+        if self.posted is not None:
+            self.posted.done_waiting()
         self.state = "completed"
         self.end = time.monotonic()
         if _timeline.TIMELINE is not None and self.track:

@@ -36,6 +36,17 @@ def test_the_compiled_path_is_in_use_where_it_can_be():
         assert type(_direct.all_reduce).__name__ == "builtin_function_or_method"
 
 
+def test_the_communicator_says_which_path_runs_and_why(comm):
+    said = comm.call_path
+    assert said in repr(comm)
+    if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
+        assert "in Python (COLLECTIVES_PURE_PYTHON=1)" in said
+    elif _direct.COMPILED:
+        assert "in C (collectives._fastmpi on libmpi" in said
+    else:
+        assert "in Python (" in said  # and the reason: another ABI, no C extension...
+
+
 @pytest.mark.skipif(os.environ.get("COLLECTIVES_PURE_PYTHON") == "1", reason="in Python now")
 def test_these_tests_pass_with_the_python_implementation():
     here = Path(__file__)
@@ -118,7 +129,7 @@ def test_a_thread_holding_the_communicator_leaves_the_call_to_the_general_path(c
     comm._token.pop()  # as while another thread's call is in flight
     try:
         assert _direct.all_reduce(comm, comm._fast, np.ones(2), "sum", None) is NotImplemented
-        with pytest.raises(col.InvalidArgumentError, match="in use by another thread"):
+        with pytest.raises(col.CommunicatorStateError, match="in use by another thread"):
             comm.all_reduce(np.ones(2))
     finally:
         comm._token.append(None)

@@ -135,5 +135,5 @@ def test_direct_path_is_off_inside_a_group_and_after_close():
         c.all_reduce(np.ones(2))
     assert c._fast is not None
     c.close()
-    with pytest.raises(col.InvalidArgumentError, match="all_reduce: communicator is closed"):
+    with pytest.raises(col.CommunicatorStateError, match="all_reduce: communicator is closed"):
         c.all_reduce(np.ones(2))

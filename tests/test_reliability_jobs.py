@@ -10,14 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.spmd_launcher import REPO, mpiexec
 
 RAISES_ON_RANK_1 = """
 import collectives as col, numpy as np
-comm = col.init(timeout=60)
+comm = col.init(backend="mpi", timeout={timeout})
 if comm.rank == 1:
-    raise RuntimeError("rank 1 fails on purpose")
-comm.all_reduce(np.ones(4))   # without the hook, rank 0 would wait here for 60 s
+    raise {error}("rank 1 fails on purpose")
+comm.all_reduce(np.ones(4))   # without the abort, rank 0 waits here until the timeout
 """
 
 
@@ -36,13 +38,40 @@ def _job(tmp_path: Path, script: str, size: int, env: dict, timeout: float = 60)
     return proc, time.monotonic() - start
 
 
-def test_uncaught_exception_aborts_the_whole_job(tmp_path):
-    proc, elapsed = _job(tmp_path, RAISES_ON_RANK_1, 2, {"COLLECTIVES_ABORT_ON_EXCEPTION": "1"})
-    output = proc.stdout + proc.stderr
+def _raising_job(tmp_path: Path, error: str, env: dict, timeout: float = 60):
+    script = RAISES_ON_RANK_1.format(error=error, timeout=timeout)
+    proc, elapsed = _job(tmp_path, script, 2, env)
+    return proc, proc.stdout + proc.stderr, elapsed
+
+
+@pytest.mark.parametrize(
+    "env", [{}, {"COLLECTIVES_ABORT_ON_EXCEPTION": "1"}], ids=["default", "on"]
+)
+def test_uncaught_exception_aborts_the_whole_job(tmp_path, env):
+    clean = {k: v for k, v in os.environ.items() if k != "COLLECTIVES_ABORT_ON_EXCEPTION"}
+    proc, output, elapsed = _raising_job(tmp_path, "RuntimeError", {**clean, **env})
+    assert proc.returncode != 0
+    assert elapsed < 15, f"job took {elapsed:.1f} s to end (rank 0's timeout is 60 s)"
+    assert output.count("RuntimeError: rank 1 fails on purpose") == 1, output
+    assert output.count("[rank 1] uncaught exception, aborting the job") == 1, output
+
+
+def test_keyboard_interrupt_is_reported_once_and_aborts(tmp_path):
+    proc, output, elapsed = _raising_job(tmp_path, "KeyboardInterrupt", {})
     assert proc.returncode != 0
     assert elapsed < 15, f"job took {elapsed:.1f} s to end"
-    assert output.count("RuntimeError: rank 1 fails on purpose") == 1, output
-    assert "[rank 1] uncaught exception, aborting the job" in output
+    assert output.count("KeyboardInterrupt: rank 1 fails on purpose") == 1, output
+    assert output.count("[rank 1] interrupted, aborting the job") == 1, output
+
+
+def test_abort_on_exception_can_be_turned_off(tmp_path):
+    # Off, rank 0 is left to its own timeout, which then ends it with a clear error.
+    proc, output, elapsed = _raising_job(
+        tmp_path, "RuntimeError", {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}, timeout=3
+    )
+    assert "aborting the job" not in output
+    assert "CollectiveTimeoutError" in output, output
+    assert elapsed >= 3
 
 
 def test_timeline_files_and_merge(tmp_path):

@@ -81,7 +81,7 @@ def test_context_manager_closes():
         c.all_reduce(x)
         np.testing.assert_array_equal(x, c.size)
     assert c.closed
-    with pytest.raises(col.InvalidArgumentError, match="^all_reduce: communicator is closed"):
+    with pytest.raises(col.CommunicatorStateError, match="^all_reduce: communicator is closed"):
         c.all_reduce(x)
 
 
@@ -104,10 +104,12 @@ def test_close_is_idempotent_and_use_after_close_is_clear():
     if c.size == 1:
         del calls["recv"]  # a recv from itself outside a group is refused first
     for call, make in calls.items():
-        with pytest.raises(col.InvalidArgumentError) as info:
+        with pytest.raises(col.CommunicatorStateError) as info:
             make()
         assert str(info.value).startswith(f"{call}: communicator is closed"), str(info.value)
-    with pytest.raises(ValueError):
+        # a state error, not a bad argument
+        assert isinstance(info.value, RuntimeError) and not isinstance(info.value, ValueError)
+    with pytest.raises(col.CommunicatorStateError):
         c.barrier(async_op=True)
 
 
@@ -117,7 +119,7 @@ def test_abort_then_use_is_clear():
     c.abort()
     c.abort()  # idempotent too
     c.close()  # and close after abort is harmless
-    with pytest.raises(col.InvalidArgumentError) as info:
+    with pytest.raises(col.CommunicatorStateError) as info:
         c.all_gather(np.zeros(1))
     assert str(info.value).startswith("all_gather: communicator was aborted")
 

@@ -28,7 +28,7 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(tmp_path, monk
         assert "all_reduce #2" in message and "shape (3,)" in message
         missing = ", ".join(f"rank {r} (at collective #1)" for r in range(1, comm.size))
         assert f"Ranks that have not reached collective #2: {missing}" in message
-        with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
+        with pytest.raises(col.CommunicatorStateError, match="unusable after an earlier error"):
             comm.broadcast(x)
         assert [c["state"] for c in comm.flight_record()] == ["completed", "timed out"]
         dumped = json.loads((tmp_path / "flight-recorder.rank0.json").read_text())
@@ -37,6 +37,36 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(tmp_path, monk
             (2, "all_reduce", "timed out"),
         ]
     comm.close()
+
+
+def test_timeout_says_what_each_rank_of_the_node_is_doing():
+    # rank 1 skipped the collective and waits in a recv; rank 2 (at 3 ranks) is in no call
+    comm = col.init(backend="mpi", timeout=1.0 if _rank() == 0 else 3.0)
+    x = np.ones(3)
+    comm.all_reduce(x)
+    if comm.rank == 0:
+        with pytest.raises(col.CollectiveTimeoutError) as info:
+            comm.all_reduce(x)
+        message = str(info.value)
+        assert (
+            "rank 0 (this one) waits in all_reduce (shape (3,), float64) at collective #2"
+            in message
+        )
+        assert "rank 1 waits in recv (shape (2,), int32) at collective #1" in message, message
+        if comm.size > 2:
+            assert "rank 2 waits in no call at collective #1" in message, message
+    elif comm.rank == 1:
+        with pytest.raises(col.CollectiveTimeoutError):
+            comm.recv(np.empty(2, np.int32), 0)
+    else:
+        time.sleep(1.5)
+    comm.close()
+
+
+def _rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
 
 
 def test_timeout_on_point_to_point_names_recv():
@@ -213,7 +243,7 @@ def test_a_direct_call_holds_the_communicator_against_other_threads():
         while comm._seq < 1 and time.monotonic() < deadline:
             time.sleep(0.001)
         time.sleep(0.05)
-        with pytest.raises(col.InvalidArgumentError, match="in use by another thread"):
+        with pytest.raises(col.CommunicatorStateError, match="in use by another thread"):
             comm.broadcast(np.ones(2))
         thread.join(30)
         assert len(errors) == 1 and isinstance(errors[0], col.CollectiveTimeoutError), errors
