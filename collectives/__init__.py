@@ -18,7 +18,7 @@ from ._errors import (
     CollectiveTimeoutError,
     InvalidArgumentError,
 )
-from ._init import init
+from ._init import BackendFallbackWarning, init
 from ._mesh import DeviceMesh
 from ._ops import ReduceOp
 from ._work import Work
@@ -28,6 +28,7 @@ if _os.environ.get("COLLECTIVES_ABORT_ON_EXCEPTION", "0") not in ("", "0"):
 
 __all__ = [
     "abort_on_exception",
+    "BackendFallbackWarning",
     "BFloat16Array",
     "BackendUnavailableError",
     "CollectiveMismatchError",
