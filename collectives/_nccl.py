@@ -29,7 +29,7 @@ from ._arrays import is_slot
 from ._backend import Bootstrap
 from ._deadline import overdue
 from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
-from ._errors import BackendUnavailableError, CollectivesError, invalid
+from ._errors import BackendUnavailableError, CollectivesError, CollectiveTimeoutError, invalid
 from ._nccl_rules import nccl_error
 from ._ops import ReduceOp
 from ._work import Pending, timeout_error
@@ -208,12 +208,14 @@ class NcclBackend:
         self._abort_now(comm)
 
     def _abort_now(self, comm: Any) -> None:
-        if comm is not None:
-            with self.cupy.cuda.Device(self.device):
-                comm.abort()
-                # Completes once everything queued before the abort has left the stream.
-                self._drained = self.stream.record(self._event())
-        self._stop.set()  # the watchdog releases the arrays once _drained completes
+        try:
+            if comm is not None:
+                with self.cupy.cuda.Device(self.device):
+                    comm.abort()
+                    # Completes once everything queued before the abort has left the stream.
+                    self._drained = self.stream.record(self._event())
+        finally:
+            self._stop.set()  # the watchdog releases the arrays once _drained completes
 
     def _enter(self, pending: NcclPending | None, strict: bool = True) -> None:
         """This thread is about to call NCCL on the communicator. ``strict``: refuse when it
@@ -282,9 +284,15 @@ class NcclBackend:
             self.fail(nccl_error("NCCL reported an asynchronous error", e))
 
     def _timeout(self, pending: NcclPending | None, waited: float) -> CollectivesError:
-        if self._front is None or pending is None:
-            return CollectivesError(f"an NCCL call did not complete after {waited:.1f} s")
-        return timeout_error(self._front, pending, waited)
+        if self._front is None or pending is None:  # a group's launch, a split
+            return CollectiveTimeoutError(
+                f"an NCCL call (a group's end or a split) on rank {self.rank} did not return "
+                f"after {waited:.1f} s (timeout {self.timeout:g} s); the communicator is aborted"
+            )
+        try:
+            return timeout_error(self._front, pending, waited)
+        except RuntimeError:  # the caller's thread appended to the recorder as it was read
+            return self._timeout(None, waited)
 
     def _warn_host_hang(self) -> None:
         self._warned_host_hang = True
@@ -562,8 +570,10 @@ class NcclBackend:
                 for work in after:
                     work()
             event = self.stream.record(self._event())
+        now = time.monotonic()
         for pending in pendings:
             pending.event = event
+            pending.start = now  # launched only now: a long group must not count as waiting
 
     # ---------------------------------------------------------------- structure and lifetime
 
@@ -614,7 +624,10 @@ class NcclBackend:
             finally:
                 self._leave()
         if not use_split and child_boot is not None:
-            child = create_communicator(child_boot, self.device)
+            try:
+                child = create_communicator(child_boot, self.device)
+            except Exception as e:
+                raise nccl_error("split", e) from e
         if child is None or child_boot is None:
             return None, {}
         impl = NcclBackend(child, child_boot, self.device, self.timeout)
@@ -728,8 +741,7 @@ def make_nccl_backend(
     except CollectivesError:
         raise
     except Exception as e:
-        raise BackendUnavailableError(
-            f"init: NCCL communicator creation failed: {nccl_error('init', e)}"
-        ) from e
+        why = str(nccl_error("init", e)).removeprefix("init: ")
+        raise BackendUnavailableError(f"init: NCCL communicator creation failed: {why}") from e
     impl = NcclBackend(nccl_comm, bootstrap, device, timeout)
     return impl, {"device": device, "stream": impl.stream}

@@ -135,3 +135,30 @@ def test_auto_on_a_machine_without_nccl_is_mpi_without_a_warning(recwarn):
     with col.init(backend="auto", timeout=30) as comm:
         if comm.backend == "mpi":
             assert not [w for w in recwarn if issubclass(w.category, col.BackendFallbackWarning)]
+
+
+def test_the_mpi_bootstrap_shares_rank_0s_value_and_its_failure():
+    from mpi4py import MPI
+
+    from collectives._bootstrap import MpiBootstrap
+
+    boot = MpiBootstrap(MPI.COMM_WORLD)
+    assert (boot.rank, boot.size) == (0, 1)
+    assert boot.share(lambda: b"unique id") == b"unique id"
+    assert boot.allgather(3) == [3]
+
+    def broken() -> bytes:
+        raise OSError("no network interface")
+
+    with pytest.raises(col.BackendUnavailableError, match="OSError: no network interface"):
+        boot.share(broken)
+    assert boot.child(MPI.COMM_NULL) is None
+    assert boot.child(MPI.COMM_SELF).size == 1
+
+
+def test_torch_store_on_one_node_is_on_the_loopback_address():
+    from benchmarks._baselines import _NO_TORCH_NCCL, _rendezvous
+
+    host, port = _rendezvous(True).rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+    assert {"uint32", "uint64"} <= _NO_TORCH_NCCL
