@@ -11,6 +11,7 @@ then declares the communicator dead.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Protocol, TypeVar
 
 from ._ops import ReduceOp
@@ -70,19 +71,11 @@ class Backend(Protocol):
     def abort(self) -> None: ...
 
 
-#: The verbs, in the order the README lists them: what both backends must have.
-VERBS = (
-    "all_reduce",
-    "reduce",
-    "broadcast",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "gather",
-    "scatter",
-    "send",
-    "recv",
-    "barrier",
+#: The verbs (the methods that take ``x`` first), in the order above: what both backends have.
+VERBS = tuple(
+    name
+    for name, method in vars(Backend).items()
+    if callable(method) and list(inspect.signature(method).parameters)[1:2] == ["x"]
 )
 
 

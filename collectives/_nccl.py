@@ -616,7 +616,8 @@ class NcclBackend:
         if use_split:
             self._enter(None)
             try:
-                child = self.comm.commSplit(-1 if color is None else color, key)
+                with self.cupy.cuda.Device(self.device):
+                    child = self.comm.commSplit(-1 if color is None else color, key)
             except Exception as e:
                 if isinstance(e, self.nccl.NcclError) or not isinstance(e, RuntimeError):
                     raise nccl_error("split", e) from e
