@@ -76,7 +76,11 @@ def init(
         from ._nccl import make_nccl_backend
 
         assert device is not None  # _choose resolved it
-        impl, extra = make_nccl_backend(MpiBootstrap(mpi_comm), device, timeout)
+        try:
+            impl, extra = make_nccl_backend(MpiBootstrap(mpi_comm), device, timeout)
+        except BaseException:
+            mpi_comm.Free()
+            raise
     return Communicator(impl, mpi_comm, backend=backend, timeout=timeout, check=check, **extra)
 
 

@@ -83,13 +83,14 @@ class _Clock:
         """Bucket ``index`` ends when its work's own completion event does (NCCL), not when
         the caller gets round to waiting, by which time later buckets are queued too."""
         event = completion_event(work) if self._cuda else None
-        if event is None:
+        device = getattr(self._comm, "device", None)
+        if event is None or device is None:
             return
         import cupy
 
         # The completion event has no timing; a timed event on a stream that waits for it
         # is stamped as it completes.
-        with cupy.cuda.Device(self._comm.device):
+        with cupy.cuda.Device(device):
             if self._stream is None:
                 self._stream = cupy.cuda.Stream(non_blocking=True)
             self._stream.wait_event(event)
