@@ -254,6 +254,8 @@ def test_a_timeout_aborts_and_releases_the_arrays_only_after_the_stream_drains(n
         while impl._in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
         assert impl._in_flight == []  # released: the aborted kernel has left the stream
+        with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
+            comm.all_reduce(x)  # the front end was told: the communicator is dead
         comm.abort()
     else:
         time.sleep(4.0)  # never joins rank 0's second all_reduce
