@@ -112,8 +112,8 @@ def _choose(backend: str, mpi_comm: MPI.Comm, device: int | None) -> tuple[str, 
     errors = [f for f in everyone if isinstance(f, str)]
     if errors:  # raised on every rank, so that none waits for the others in NCCL
         raise invalid("init", errors[0].removeprefix("init: "))
-    version = min(f[3] for f in everyone)
-    why = shared_gpu_reason([f[:3] for f in everyone], version)
+    version = min(f[4] for f in everyone)
+    why = shared_gpu_reason([f[:4] for f in everyone], version)
     if why is None:
         return "nccl", chosen
     if backend == "nccl":

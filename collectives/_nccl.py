@@ -716,15 +716,18 @@ def choose_device(device: int | None, local_rank: int) -> int:
     return chosen
 
 
-def placement(device: int) -> tuple[str, str, str | None, int]:
-    """(host, the GPU's PCI bus id, ``NCCL_MULTI_RANK_GPU_ENABLE``, NCCL version): what
-    :func:`collectives._nccl_rules.shared_gpu_reason` decides from."""
+def placement(device: int) -> tuple[str, str, str, str | None, int]:
+    """(host, the GPU's PCI bus id, its UUID, ``NCCL_MULTI_RANK_GPU_ENABLE``, NCCL version):
+    what :func:`collectives._nccl_rules.shared_gpu_reason` decides from."""
     import cupy
     from cupy.cuda import nccl
 
+    # NCCL 2.30.3+ tells GPUs apart by UUID (two MIG instances share a bus id).
+    uuid = cupy.cuda.runtime.getDeviceProperties(device).get("uuid", b"")
     return (
         socket.gethostname(),
         cupy.cuda.Device(device).pci_bus_id,
+        bytes(uuid).hex(),
         os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE"),
         nccl.get_version(),
     )

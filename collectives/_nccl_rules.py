@@ -31,31 +31,35 @@ def version_string(code: int) -> str:
     return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
-def shared_gpu_reason(placements: list[tuple[str, str, str | None]], version: int) -> str | None:
+def shared_gpu_reason(
+    placements: list[tuple[str, str, str, str | None]], version: int
+) -> str | None:
     """Why NCCL cannot run with this placement of ranks, or None when it can.
 
-    ``placements[r]`` is rank r's (host, GPU PCI bus id, its ``NCCL_MULTI_RANK_GPU_ENABLE``).
-    NCCL refuses two ranks of one host on one GPU before 2.30.3, and from 2.30.3 unless
-    ``NCCL_MULTI_RANK_GPU_ENABLE=1`` (src/init.cc).
+    ``placements[r]`` is rank r's (host, GPU PCI bus id, GPU UUID, its
+    ``NCCL_MULTI_RANK_GPU_ENABLE``). As NCCL's src/init.cc decides: before 2.30.3 two ranks
+    of one host on one bus id are refused ("Duplicate GPU detected"); from 2.30.3 two on
+    one UUID are, unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` (an empty UUID: the bus id).
 
     Example:
-        >>> shared_gpu_reason([("n1", "0000:01:00.0", "1")] * 2, 23003) is None
+        >>> shared_gpu_reason([("n1", "0000:01:00.0", "", "1")] * 2, 23003) is None
         True
-        >>> shared_gpu_reason([("n1", "0000:01:00.0", None)] * 2, 22907)[:40]
+        >>> shared_gpu_reason([("n1", "0000:01:00.0", "", None)] * 2, 22907)[:40]
         'ranks 0 and 1 share GPU 0000:01:00.0 on '
     """
+    multi = version >= MULTI_RANK_GPU_VERSION
     seen: dict[tuple[str, str], int] = {}
-    for rank, (host, gpu, _) in enumerate(placements):
-        first = seen.setdefault((host, gpu), rank)
+    for rank, (host, bus, uuid, _) in enumerate(placements):
+        first = seen.setdefault((host, (uuid or bus) if multi else bus), rank)
         if first == rank:
             continue
-        where = f"ranks {first} and {rank} share GPU {gpu} on {host}"
-        if version < MULTI_RANK_GPU_VERSION:
+        where = f"ranks {first} and {rank} share GPU {bus} on {host}"
+        if not multi:
             return (
                 f"{where}, which NCCL {version_string(version)} refuses (NCCL 2.30.3 or "
                 "later allows it with NCCL_MULTI_RANK_GPU_ENABLE=1)"
             )
-        unset = [r for r, (_, _, env) in enumerate(placements) if env != "1"]
+        unset = [r for r, (*_, env) in enumerate(placements) if env != "1"]
         if unset:
             return (
                 f"{where} and NCCL_MULTI_RANK_GPU_ENABLE is not 1 on rank {unset[0]} "

@@ -26,26 +26,35 @@ GPU_A, GPU_B = "0000:01:00.0", "0000:02:00.0"
 
 
 def test_distinct_gpus_never_fall_back():
-    placements = [("n1", GPU_A, None), ("n1", GPU_B, None), ("n2", GPU_A, None)]
+    placements = [("n1", GPU_A, "", None), ("n1", GPU_B, "", None), ("n2", GPU_A, "", None)]
     assert shared_gpu_reason(placements, 22907) is None
 
 
 def test_a_shared_gpu_before_2_30_3_falls_back_and_names_the_ranks():
-    why = shared_gpu_reason([("n1", GPU_A, "1"), ("n1", GPU_A, "1")], 23002)
+    why = shared_gpu_reason([("n1", GPU_A, "u1", "1"), ("n1", GPU_A, "u1", "1")], 23002)
     assert why is not None
     assert "ranks 0 and 1 share GPU 0000:01:00.0 on n1" in why
     assert "NCCL 2.30.2 refuses" in why
 
 
 def test_a_shared_gpu_from_2_30_3_needs_the_variable_on_every_rank():
-    unset = shared_gpu_reason([("n1", GPU_A, "1"), ("n1", GPU_A, None)], MULTI_RANK_GPU_VERSION)
+    placements = [("n1", GPU_A, "u1", "1"), ("n1", GPU_A, "u1", None)]
+    unset = shared_gpu_reason(placements, MULTI_RANK_GPU_VERSION)
     assert unset is not None and "NCCL_MULTI_RANK_GPU_ENABLE is not 1 on rank 1" in unset
-    assert shared_gpu_reason([("n1", GPU_A, "1")] * 2, MULTI_RANK_GPU_VERSION) is None
-    assert shared_gpu_reason([("n1", GPU_A, "0")] * 2, 23007) is not None
+    assert shared_gpu_reason([("n1", GPU_A, "u1", "1")] * 2, MULTI_RANK_GPU_VERSION) is None
+    assert shared_gpu_reason([("n1", GPU_A, "u1", "0")] * 2, 23007) is not None
+
+
+def test_gpus_are_told_apart_by_bus_id_before_2_30_3_and_by_uuid_from_it():
+    mig = [("n1", GPU_A, "u1", None), ("n1", GPU_A, "u2", None)]  # two MIG instances
+    assert shared_gpu_reason(mig, 22907) is not None  # "Duplicate GPU detected"
+    assert shared_gpu_reason(mig, MULTI_RANK_GPU_VERSION) is None
+    no_uuid = [("n1", GPU_A, "", None)] * 2
+    assert shared_gpu_reason(no_uuid, MULTI_RANK_GPU_VERSION) is not None
 
 
 def test_the_same_bus_id_on_two_hosts_is_two_gpus():
-    assert shared_gpu_reason([("n1", GPU_A, None), ("n2", GPU_A, None)], 22000) is None
+    assert shared_gpu_reason([("n1", GPU_A, "u", None), ("n2", GPU_A, "u", None)], 22000) is None
 
 
 def test_version_strings_of_both_encodings():

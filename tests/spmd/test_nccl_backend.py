@@ -301,7 +301,7 @@ def test_auto_falls_back_to_mpi_where_ranks_share_a_gpu_nccl_cannot_share(monkey
     device = local.Get_rank() % __import__("cupy").cuda.runtime.getDeviceCount()
     local.Free()
     found = world.allgather(placement(device))
-    why = shared_gpu_reason([f[:3] for f in found], min(f[3] for f in found))
+    why = shared_gpu_reason([f[:4] for f in found], min(f[4] for f in found))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         comm = col.init(backend="auto", timeout=60)
