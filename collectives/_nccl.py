@@ -549,7 +549,8 @@ class NcclBackend:
     # ---------------------------------------------------------------- groups
 
     def group_start(self) -> None:
-        self.raise_if_failed()
+        # A failed backend does not refuse here: the first call inside the group raises its
+        # failure through the front end, which then declares the communicator dead.
         state = groups.current()
         try:
             self.nccl.groupStart()
