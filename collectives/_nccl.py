@@ -686,8 +686,14 @@ def end_group(nccl: Any) -> None:
         return
     for b in owners:
         b._complete_group(batch.held.get(b, []), batch.after.get(b, []))
-    for pending in batch.waits:
-        pending.wait(pending.backend._front)
+    failures = []
+    for pending in batch.waits:  # every caller is ordered, whichever backend has failed
+        try:
+            pending.wait(pending.backend._front)
+        except CollectivesError as e:
+            failures.append(e)
+    if failures:
+        raise failures[0]
 
 
 def _finished(pending: NcclPending) -> bool:
