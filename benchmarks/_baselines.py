@@ -229,7 +229,8 @@ class TorchBaseline:
             import cupy
 
             torch.cuda.set_device(cupy.cuda.Device().id)
-        address = mpi_comm.bcast(_rendezvous() if mpi_comm.rank == 0 else None, root=0)
+        one_node = _on_one_node(mpi_comm)
+        address = mpi_comm.bcast(_rendezvous(one_node) if mpi_comm.rank == 0 else None, root=0)
         dist.init_process_group(
             "nccl" if gpu else "gloo",
             init_method=f"tcp://{address}",
@@ -253,6 +254,8 @@ class TorchBaseline:
         d = self.dist
         if not self.gpu and case.redop == "avg" and case.op in _REDUCING:
             return None  # gloo has no ReduceOp.AVG
+        if self.gpu and np.dtype(case.dtype).name in _NO_TORCH_NCCL:
+            return None  # N/A: torch's NCCL process group has no such dtype
         s, r, b = self._tensor(case.send), self._tensor(case.recv), self._tensor(case.buf)
         op, root = self.ops[case.redop], case.root
         if not case.inplace and case.op in ("all_reduce", "reduce", "broadcast"):
@@ -365,12 +368,29 @@ def _cupyx_ring(x: Any, s: Any, r: Any, nxt: int, prv: int) -> None:
     nccl.groupEnd()
 
 
-def _rendezvous() -> str:
-    """``host:port`` with a port free right now on this host, for torch's TCP store."""
+#: dtypes torch's NCCL process group refuses (its NCCL type table has no unsigned 32/64-bit)
+_NO_TORCH_NCCL = frozenset({"uint32", "uint64"})
+
+
+def _on_one_node(mpi_comm: Any) -> bool:
+    from mpi4py import MPI
+
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_size() == mpi_comm.Get_size()
+    finally:
+        local.Free()
+
+
+def _rendezvous(one_node: bool) -> str:
+    """``host:port`` with a port free right now, for torch's TCP store: on the loopback
+    address when every rank is on this host (a host name may resolve to an address the
+    store does not listen on, or to none)."""
+    host = "127.0.0.1" if one_node else socket.gethostname()
     with socket.socket() as sock:
-        sock.bind(("", 0))
+        sock.bind((host if one_node else "", 0))
         port = sock.getsockname()[1]
-    return f"{socket.gethostname()}:{port}"
+    return f"{host}:{port}"
 
 
 def make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:

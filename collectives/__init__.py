@@ -17,7 +17,7 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from ._init import init
+from ._init import BackendFallbackWarning, init
 from ._mesh import DeviceMesh
 from ._ops import ReduceOp
 from ._work import Work
@@ -26,6 +26,7 @@ install_default()  # an uncaught exception on one rank of several ends the whole
 
 __all__ = [
     "abort_on_exception",
+    "BackendFallbackWarning",
     "BFloat16Array",
     "BackendUnavailableError",
     "CollectiveMismatchError",

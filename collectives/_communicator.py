@@ -445,6 +445,9 @@ class Communicator:
                 pending.wait(self)
                 return result
             return Work(self, pending, result) if async_op else result
+        except CollectivesError as e:
+            self._fatal(e)
+            raise
         finally:
             self._token.append(None)
 
@@ -456,10 +459,24 @@ class Communicator:
             raise state_error(call, _IN_USE) from None
 
     def _wait(self, pending) -> None:
-        pending.wait(self)
+        try:
+            pending.wait(self)
+        except CollectivesError as e:
+            self._fatal(e)
+            raise
 
     def _synchronize(self, pending) -> None:
-        pending.synchronize(self)
+        try:
+            pending.synchronize(self)
+        except CollectivesError as e:
+            self._fatal(e)
+            raise
+
+    def _fatal(self, error: CollectivesError) -> None:
+        """A backend raises the error that ended it (and keeps it as ``failure``): from then
+        on this communicator is dead too."""
+        if error is getattr(self._impl, "failure", None):
+            self._die(error)
 
     def _die(self, error: CollectivesError) -> None:
         """Mark the communicator dead after a timeout, abort the backend, raise ``error``."""

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from mpi4py import MPI
 
+from ._backend import Backend
+from ._bootstrap import MpiBootstrap
 from ._communicator import Communicator
-from ._errors import BackendUnavailableError, invalid
+from ._errors import BackendUnavailableError, InvalidArgumentError, invalid
 from ._mpi import MpiBackend
+from ._nccl_rules import shared_gpu_reason
 
 BACKENDS = ("auto", "nccl", "mpi")
 
@@ -24,8 +28,11 @@ def init(
 
     Args:
         backend: ``"nccl"`` (CuPy arrays), ``"mpi"`` (NumPy; CuPy staged through the host) or
-            ``"auto"``: NCCL when every rank sees a GPU and NCCL loads, MPI otherwise.
-            Environment ``COLLECTIVES_BACKEND`` overrides ``"auto"``.
+            ``"auto"``: NCCL when every rank sees a GPU and NCCL loads, MPI otherwise, and
+            MPI (with a :class:`BackendFallbackWarning` saying why) when two ranks of a
+            host would share a GPU that their NCCL cannot share (before 2.30.3, or without
+            ``NCCL_MULTI_RANK_GPU_ENABLE=1``). Environment ``COLLECTIVES_BACKEND``
+            overrides ``"auto"``.
         device: GPU ordinal for NCCL; default ``local_rank % device_count``, made current.
         timeout: seconds after which an operation that has not completed is declared hung.
         check: verify before each call that all ranks make the same call
@@ -54,29 +61,65 @@ def init(
         check = os.environ.get("COLLECTIVES_CHECK", "0") not in ("", "0")
 
     mpi_comm = MPI.COMM_WORLD.Dup()
-    if backend in ("auto", "nccl"):
-        from ._nccl import nccl_unavailable_reason
+    try:
+        if backend in ("auto", "nccl"):
+            backend, device = _choose(backend, mpi_comm, device)
+    except BaseException:
+        mpi_comm.Free()
+        raise
 
-        reasons = mpi_comm.allgather(nccl_unavailable_reason())
-        missing = [(r, why) for r, why in enumerate(reasons) if why is not None]
-        if backend == "auto":
-            backend = "mpi" if missing else "nccl"
-        elif missing:
-            mpi_comm.Free()
-            rank, why = missing[0]
-            raise BackendUnavailableError(
-                f"init: backend 'nccl' is unavailable on rank {rank}: {why}"
-            )
-
+    impl: Backend
+    extra: dict = {}
     if backend == "mpi":
-        return Communicator(
-            MpiBackend(mpi_comm), mpi_comm, backend="mpi", timeout=timeout, check=check
-        )
+        impl = MpiBackend(mpi_comm)
+    else:
+        from ._nccl import make_nccl_backend
 
-    from ._nccl import make_nccl_backend
+        assert device is not None  # _choose resolved it
+        try:
+            impl, extra = make_nccl_backend(MpiBootstrap(mpi_comm), device, timeout)
+        except BaseException:
+            mpi_comm.Free()
+            raise
+    return Communicator(impl, mpi_comm, backend=backend, timeout=timeout, check=check, **extra)
 
+
+class BackendFallbackWarning(UserWarning):
+    """``init("auto")`` chose MPI although every rank has a GPU; the message says why."""
+
+
+def _choose(backend: str, mpi_comm: MPI.Comm, device: int | None) -> tuple[str, int | None]:
+    """The backend ``"auto"`` or ``"nccl"`` resolves to, and the GPU of this rank."""
+    from ._nccl import choose_device, nccl_unavailable_reason, placement
+
+    reasons = mpi_comm.allgather(nccl_unavailable_reason())
+    missing = [(r, why) for r, why in enumerate(reasons) if why is not None]
+    if missing:
+        if backend == "auto":
+            return "mpi", device
+        rank, why = missing[0]
+        raise BackendUnavailableError(f"init: backend 'nccl' is unavailable on rank {rank}: {why}")
     local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
     local.Free()
-    impl, extra = make_nccl_backend(mpi_comm, device, local_rank, timeout)
-    return Communicator(impl, mpi_comm, backend="nccl", timeout=timeout, check=check, **extra)
+    found: tuple | str
+    try:
+        chosen = choose_device(device, local_rank)
+        found = placement(chosen)
+    except InvalidArgumentError as e:
+        found = str(e)
+    everyone = mpi_comm.allgather(found)
+    errors = [f for f in everyone if isinstance(f, str)]
+    if errors:  # raised on every rank, so that none waits for the others in NCCL
+        raise invalid("init", errors[0].removeprefix("init: "))
+    version = min(f[4] for f in everyone)
+    why = shared_gpu_reason([f[:4] for f in everyone], version)
+    if why is None:
+        return "nccl", chosen
+    if backend == "nccl":
+        raise BackendUnavailableError(f"init: backend 'nccl' cannot run here: {why}")
+    if mpi_comm.Get_rank() == 0:
+        warnings.warn(
+            f"init: backend 'auto' chose MPI: {why}", BackendFallbackWarning, stacklevel=3
+        )
+    return "mpi", device

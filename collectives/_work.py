@@ -8,6 +8,7 @@ import time
 from typing import Any, Callable
 
 from . import _timeline
+from ._deadline import overdue
 from ._dtypes import STORAGE
 from ._errors import CollectiveTimeoutError
 
@@ -69,7 +70,7 @@ class Pending:
         if waited > comm.yield_after:
             if not self.posted:  # a wait that lasts: say on the progress board what it is in
                 self.posted = comm._post_waiting(self)
-            if waited > comm.timeout:
+            if overdue(self.start, comm.timeout, self.start + waited) is not None:
                 comm._die(timeout_error(comm, self, waited))
             if waited > 1.0:
                 time.sleep(1e-3)

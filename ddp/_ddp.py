@@ -15,6 +15,7 @@ import numpy as np
 from collectives import CollectiveMismatchError, array_module
 from collectives._arrays import to_array
 from collectives._errors import invalid
+from collectives._nccl import completion_event
 from collectives.timeline import span as timeline_span
 
 from . import hooks as _hooks
@@ -57,6 +58,7 @@ class _Clock:
         self._cuda = xp is not np
         self._comm = comm
         self._origin: Any = None
+        self._stream: Any = None  # waits on completion events, to stamp them with a time
         self.marks: dict[tuple[int, str], Any] = {}
 
     def reset(self) -> None:
@@ -76,6 +78,25 @@ class _Clock:
         if self._origin is None:
             self._origin = stamp
         self.marks[(index, what)] = stamp
+
+    def mark_completion(self, index: int, work: Any) -> None:
+        """Bucket ``index`` ends when its work's own completion event does (NCCL), not when
+        the caller gets round to waiting, by which time later buckets are queued too."""
+        event = completion_event(work) if self._cuda else None
+        device = getattr(self._comm, "device", None)
+        if event is None or device is None:
+            return
+        import cupy
+
+        # The completion event has no timing; a timed event on a stream that waits for it
+        # is stamped as it completes.
+        with cupy.cuda.Device(device):
+            if self._stream is None:
+                self._stream = cupy.cuda.Stream(non_blocking=True)
+            self._stream.wait_event(event)
+            stamp = cupy.cuda.Event()
+            stamp.record(self._stream)
+        self.marks[(index, "end")] = stamp
 
     def seconds(self, index: int, what: str) -> float:
         stamp = self.marks.get((index, what))
@@ -292,6 +313,7 @@ class DistributedDataParallel:
         self._clock.mark(index, "start")
         self._launched_at[index] = time.monotonic()
         self._works[index] = self.hook(self.comm, bucket)
+        self._clock.mark_completion(index, self._works[index])
         self._next = index + 1
 
     def _reset_marks(self) -> None:
@@ -323,7 +345,8 @@ class DistributedDataParallel:
         t0 = time.perf_counter()
         for index, work in enumerate(self._works):
             work.wait()
-            self._clock.mark(index, "end")
+            if (index, "end") not in self._clock.marks:  # no completion event to go by
+                self._clock.mark(index, "end")
             bucket = self.buckets[index]
             timeline_span("ddp buckets", f"bucket {index}", self._launched_at[index],
                           time.monotonic(), bytes=bucket.nbytes, dtype=str(bucket.dtype))

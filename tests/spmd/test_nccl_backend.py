@@ -6,6 +6,8 @@ At world size 2 this needs two GPUs, or one GPU with NCCL >= 2.30.3 and
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -37,12 +39,15 @@ def _skip_reason() -> str | None:
     return None
 
 
-_REASON = _skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"NCCL backend: {_REASON}")
+_UNAVAILABLE = nccl_unavailable_reason()
+pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"NCCL backend: {_UNAVAILABLE}")
+_REASON = None if _UNAVAILABLE is not None else _skip_reason()
 
 
 @pytest.fixture
 def nccl():
+    if _REASON is not None:
+        pytest.skip(f"NCCL backend: {_REASON}")
     comm = col.init(backend="nccl", timeout=60)
     yield comm
     comm.close()
@@ -200,3 +205,210 @@ def test_wait_inside_an_unfinished_group_is_a_clear_error(nccl):
             work.wait()
     work.wait()
     assert x.get().tolist() == [nccl.size] * 2
+
+
+# ---------------------------------------------------------------- issue 14, section 1
+
+
+def test_a_call_on_another_communicator_inside_a_group_completes_at_its_end(nccl):
+    """Defect 1: NCCL's group is per thread, so commB's calls inside commA.group() are
+    launched at its end; their completion must not be recorded before."""
+    import cupy
+
+    size, rank = nccl.size, nccl.rank
+    other = col.init(backend="nccl", timeout=60)
+    try:
+        y, z = cupy.ones(4, cupy.float32), cupy.ones(2)
+        a, got = cupy.full(3, rank, cupy.float32), cupy.empty(3, cupy.float32)
+        with nccl.group():
+            nccl.send(a, (rank + 1) % size)
+            nccl.recv(got, (rank - 1) % size)
+            other.all_reduce(y)  # synchronous: ordered at the group's end
+            work = other.all_reduce(z, async_op=True)
+            time.sleep(0.05)
+            assert not work.is_completed()  # NCCL holds it: nothing has run yet
+        work.wait()
+        assert y.get().tolist() == [float(size)] * 4
+        assert z.get().tolist() == [float(size)] * 2
+        assert got.get().tolist() == [float((rank - 1) % size)] * 3
+    finally:
+        other.close()
+
+
+def test_a_timeout_aborts_and_releases_the_arrays_only_after_the_stream_drains(nccl):
+    """Defect 2: past the timeout the communicator is aborted (never under a thread inside
+    NCCL), and the arrays of the call stay referenced until the stream is idle."""
+    import cupy
+
+    if nccl.size < 2:
+        pytest.skip("needs a peer that does not arrive")
+    comm = col.init(backend="nccl", timeout=2.0)
+    x = cupy.ones(1024, cupy.float32)
+    comm.all_reduce(x)  # every rank: the connections exist before the hang below
+    impl = comm._impl
+    if comm.rank == 0:
+        with pytest.raises(col.CollectiveTimeoutError, match="did not complete"):
+            comm.all_reduce(x, async_op=True).synchronize()
+        assert impl.comm is None and impl.failure is not None
+        deadline = time.monotonic() + 10
+        while impl._in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert impl._in_flight == []  # released: the aborted kernel has left the stream
+        with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
+            comm.all_reduce(x)  # the front end was told: the communicator is dead
+        comm.abort()
+    else:
+        time.sleep(4.0)  # never joins rank 0's second all_reduce
+        comm.abort()
+
+
+def test_a_failed_issue_is_in_flight_while_issued_and_gone_after(nccl):
+    """Defects 3 and 10: a call is in flight before NCCL is called (a host-side hang is
+    timed); one that raises is removed, and CuPy's KeyError for code 8 is a
+    CollectivesError that leaves the communicator healthy."""
+    import cupy
+
+    impl = nccl._impl
+    x = cupy.ones(2)
+    seen = []
+
+    def issue(stream):
+        seen.append(len(impl._in_flight))
+        raise KeyError(8)  # what CuPy raises for ncclTimeout, which it cannot name
+
+    before = len(impl._in_flight)
+    with pytest.raises(col.CollectivesError, match="ncclTimeout"):
+        impl._launch("all_reduce", (x,), issue)
+    assert seen == [before + 1] and len(impl._in_flight) == before
+    assert impl.failure is None
+    nccl.all_reduce(x)
+    assert x.get().tolist() == [float(nccl.size)] * 2
+
+
+def test_auto_falls_back_to_mpi_where_ranks_share_a_gpu_nccl_cannot_share(monkeypatch):
+    """Defect 4: the decision is shared_gpu_reason's, on every rank alike, and said."""
+    import warnings
+
+    monkeypatch.delenv("COLLECTIVES_BACKEND", raising=False)
+
+    from mpi4py import MPI
+
+    from collectives._nccl import placement
+    from collectives._nccl_rules import shared_gpu_reason
+
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    device = local.Get_rank() % __import__("cupy").cuda.runtime.getDeviceCount()
+    local.Free()
+    found = world.allgather(placement(device))
+    why = shared_gpu_reason([f[:4] for f in found], min(f[4] for f in found))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm = col.init(backend="auto", timeout=60)
+    try:
+        assert comm.backend == ("nccl" if why is None else "mpi")
+        said = [w for w in caught if issubclass(w.category, col.BackendFallbackWarning)]
+        assert bool(said) == (why is not None and comm.rank == 0)
+    finally:
+        comm.close()
+    if why is not None:
+        with pytest.raises(col.BackendUnavailableError, match="cannot run here"):
+            col.init(backend="nccl", timeout=60)
+
+
+def test_streams_and_events_are_on_the_communicators_device(nccl):
+    """Defect 5: another device current at the call changes nothing."""
+    import cupy
+
+    assert nccl.stream.device_id == nccl.device
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 2:
+        pytest.skip("needs a second visible GPU")
+    x = cupy.ones(8, cupy.float32)
+    with cupy.cuda.Device((nccl.device + 1) % count):
+        work = nccl.all_reduce(x, async_op=True)
+        work.wait()
+    assert x.get().tolist() == [float(nccl.size)] * 8
+
+
+def test_dp_and_tp_calls_in_flight_together_on_a_mesh(nccl):
+    """Defect 6: one stream per device orders every communicator's calls as issued, the
+    same on every rank, so async DP reductions and TP calls may be in flight together."""
+    import cupy
+
+    size = nccl.size
+    tp = 2 if size % 2 == 0 else 1
+    mesh = col.DeviceMesh(nccl, {"dp": size // tp, "tp": tp})
+    try:
+        dp, tpc = mesh["dp"], mesh["tp"]
+        assert dp.stream is tpc.stream is nccl.stream
+        grads = [cupy.full(1 << 20, 1.0, cupy.float32) for _ in range(4)]
+        works = []
+        for i, g in enumerate(grads):
+            works.append(dp.all_reduce(g, async_op=True))
+            act = cupy.full(1 << 16, float(i), cupy.float32)
+            tpc.all_reduce(act)  # a TP call while DP reductions are still in flight
+            assert float(act[0].get()) == float(i * tp)
+        for w in works:
+            w.wait()
+        for g in grads:
+            assert float(g[-1].get()) == float(size // tp)
+    finally:
+        mesh.close()
+
+
+def test_split_drains_first_and_falls_back_without_comm_split(nccl, monkeypatch):
+    """Defect 7: work in flight is finished before the split; where ncclCommSplit is
+    missing a fresh communicator is made over the child's MPI communicator."""
+    import cupy
+
+    from collectives._nccl import NcclBackend
+
+    x = cupy.ones(1 << 22, cupy.float32)
+    work = nccl.all_reduce(x, async_op=True)
+    half = nccl.split(nccl.rank % 2)
+    assert work.is_completed()
+    y = cupy.ones(2)
+    half.all_reduce(y)
+    assert y.get().tolist() == [float(half.size)] * 2
+    half.close()
+    monkeypatch.setattr(NcclBackend, "_can_split", lambda self: False)
+    fresh = nccl.split(0, key=-nccl.rank)  # one color, ranks reversed
+    z = cupy.full(2, float(fresh.rank))
+    fresh.all_reduce(z)
+    assert fresh.rank == nccl.size - 1 - nccl.rank
+    assert z.get().tolist() == [float(sum(range(nccl.size)))] * 2
+    fresh.close()
+
+
+def test_ddp_bucket_ends_come_from_each_works_completion(nccl):
+    """Defect 8: each bucket's end is its own reduction's end, not the last bucket's."""
+    import cupy
+
+    from ddp import DistributedDataParallel
+
+    params = {f"w{i}": cupy.zeros(1 << 22, cupy.float32) for i in range(3)}
+    model = DistributedDataParallel(params, nccl, bucket_cap_mb=16, first_bucket_cap_mb=16)
+    assert len(model.buckets) >= 2
+    for name in reversed(list(params)):
+        model.grads[name][...] = 1
+        model.mark_ready(name)
+    model.finish()
+    ends = [b.end_s for b in model.stats.buckets]
+    assert all(e == e for e in ends)  # measured, not NaN
+    assert ends == sorted(ends) and ends[0] < ends[-1]
+
+
+def test_sync_calls_complete_in_the_flight_recorder_and_events_have_no_timing(nccl):
+    """Defect 10."""
+    import cupy
+
+    x = cupy.ones(4)
+    nccl.all_reduce(x)
+    cupy.cuda.get_current_stream().synchronize()
+    assert nccl.flight_record()[-1]["state"] == "completed"
+    work = nccl.all_reduce(x, async_op=True)
+    work.synchronize()
+    event = work._pending.event
+    with pytest.raises(cupy.cuda.runtime.CUDARuntimeError):
+        cupy.cuda.get_elapsed_time(event, event)  # cudaEventDisableTiming
