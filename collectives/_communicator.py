@@ -114,11 +114,14 @@ class Communicator:
                 self.recorder,
                 self.rank,
                 self.size,
+                impl.blocking,
             )
             if backend == "mpi" and not self._track
             else None
         )
         self._fast = self._direct
+        if self._direct is not None and impl.blocking:
+            _direct.WATCHDOG.watch(self)  # a blocking call that outlasts the timeout ends the job
 
     def __repr__(self) -> str:
         return (
@@ -137,10 +140,10 @@ class Communicator:
             return f"every call through the {self.backend} backend"
         if self._direct is None:
             return "every call through the MPI backend (a timeline records each call)"
-        return (
-            f"synchronous all_reduce and broadcast of NumPy arrays {_direct.HOW}; "
-            "other calls through the MPI backend"
-        )
+        how = _direct.HOW
+        if self._impl.blocking:
+            how += ", as blocking MPI calls (a stuck one ends the job after the timeout)"
+        return f"synchronous all_reduce and broadcast of NumPy arrays {how}; other calls through the MPI backend"
 
     # ---------------------------------------------------------------- collectives
 

@@ -9,10 +9,15 @@ unusual (another type, dtype, op or layout, a bad root, another thread holding t
 communicator) returns ``NotImplemented`` before any bookkeeping, and the general path runs
 the call or names the error. This is the per-call cost that small messages see.
 
-Two implementations with one interface: ``collectives/_fastmpi.c`` where it built and the
-MPI library speaks the MPICH ABI, this module's Python on mpi4py otherwise (or with
-``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects in the form the chosen
-one takes, and :func:`state` what a communicator keeps for it.
+Two implementations with one interface: ``collectives/_fastmpi.c`` where it built for the
+MPI library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``), this module's Python on
+mpi4py otherwise (or with ``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects
+in the form the chosen one takes, and :func:`state` what a communicator keeps for it.
+
+On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
+Open MPI and Intel MPI, whose non-blocking collectives are slower than their blocking ones)
+both make the blocking MPI calls instead. A blocking call cannot be interrupted, so a stuck
+one is ended by :data:`WATCHDOG`, which prints the timeout error and aborts the job.
 
 Example:
     >>> comm = col.init(backend="mpi")
@@ -23,7 +28,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-from time import monotonic
+import sys
+import threading
+import weakref
+from time import monotonic, sleep
 from typing import Any
 
 import numpy as np
@@ -36,14 +44,21 @@ from ._ops import ReduceOp
 _IN_PLACE = MPI.IN_PLACE
 _OP_TYPES = frozenset({str, ReduceOp})
 # what state() holds, by position
-_COMM, _TOKEN, _SLOTS, _SLOT, _RECORDER, _RANK, _SIZE = range(7)
+_COMM, _TOKEN, _SLOTS, _SLOT, _RECORDER, _RANK, _SIZE, _BLOCKING = range(8)
 
 
 def state(
-    comm_handle: Any, token: list, slots: Any, slot: int, recorder: Any, rank: int, size: int
+    comm_handle: Any,
+    token: list,
+    slots: Any,
+    slot: int,
+    recorder: Any,
+    rank: int,
+    size: int,
+    blocking: bool,
 ) -> tuple:
     """What a communicator keeps for the direct path (``Communicator._fast``)."""
-    return (comm_handle, token, slots, slot, recorder, rank, size)
+    return (comm_handle, token, slots, slot, recorder, rank, size, blocking)
 
 
 def distinct_twin(out: Any, x: Any) -> bool:
@@ -76,7 +91,7 @@ def _all_reduce(comm: Any, fast: tuple, x: Any, op: Any, out: Any) -> Any:
         source, result = [x, t], out
     else:
         return NotImplemented
-    post = fast[_COMM].Iallreduce
+    post = fast[_COMM].Allreduce if fast[_BLOCKING] else fast[_COMM].Iallreduce
     return _run(
         comm, fast, "all_reduce", x, name, ops[0], None, result, post, (source, [result, t], ops[1])
     )
@@ -92,7 +107,7 @@ def _broadcast(comm: Any, fast: tuple, x: Any, root: Any) -> Any:
     if not flags.writeable and root != fast[_RANK]:  # the root only reads x
         return NotImplemented
     name, t = types
-    post = fast[_COMM].Ibcast
+    post = fast[_COMM].Bcast if fast[_BLOCKING] else fast[_COMM].Ibcast
     return _run(comm, fast, "broadcast", x, name, None, root, x, post, ([x, t], root))
 
 
@@ -115,6 +130,9 @@ def _run(comm, fast, call, array, name, op, root, result, post, args) -> Any:
         except BaseException:
             recorder.pop()  # an MPI error: nothing is in flight to record
             raise
+        if request is None:  # a blocking call: done
+            entry[5] = monotonic()
+            return result
         test = request.Test
         start, yield_after = entry[4], comm.yield_after
         polls = 0
@@ -129,35 +147,98 @@ def _run(comm, fast, call, array, name, op, root, result, post, args) -> Any:
     return result
 
 
+#: MPI calls the C path takes, by ABI: (non-blocking all-reduce, broadcast, blocking ones, test)
+_CALLS = {
+    "mpich": ("MPI_Iallreduce_c", "MPI_Ibcast_c", "MPI_Allreduce_c", "MPI_Bcast_c", "MPI_Test"),
+    "ompi": ("MPI_Iallreduce", "MPI_Ibcast", "MPI_Allreduce", "MPI_Bcast", "MPI_Test"),
+}
+
+
+def _abi() -> str | None:
+    """ "mpich" (int handles, 64-bit MPI_Count), "ompi" (Open MPI's pointer handles), or None."""
+    sizes = {MPI._sizeof(cls) for cls in (MPI.Comm, MPI.Datatype, MPI.Op, MPI.Request)}
+    if sizes == {4} and MPI.COUNT.Get_size() == 8:
+        return "mpich"
+    if sizes == {ctypes.sizeof(ctypes.c_void_p)} and MPI.get_vendor()[0] == "Open MPI":
+        return "ompi"
+    return None
+
+
 def _compiled() -> tuple[Any, str]:
-    """(``_fastmpi`` and mpi4py's libmpi's call addresses, or None; why, in words)."""
+    """(the C module and mpi4py's libmpi's call addresses, or None; why, in words)."""
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
         return None, "in Python (COLLECTIVES_PURE_PYTHON=1)"
-    try:
-        from . import _fastmpi  # type: ignore[attr-defined]
-    except ImportError:
-        return None, "in Python (the C extension collectives._fastmpi was not built)"
-    handle_sizes = {MPI._sizeof(cls) for cls in (MPI.Comm, MPI.Datatype, MPI.Op, MPI.Request)}
-    path = library_path()
-    if handle_sizes != {4} or MPI.COUNT.Get_size() != 8 or path is None:
+    abi, path = _abi(), library_path()
+    if abi is None or path is None:
         vendor = MPI.get_vendor()[0]
-        return None, f"in Python (the C path speaks the MPICH ABI; this MPI is {vendor})"
+        return None, f"in Python (the C path speaks the MPICH and Open MPI ABIs; this is {vendor})"
+    try:
+        if abi == "mpich":
+            from . import _fastmpi as module  # type: ignore[attr-defined]
+        else:
+            from . import _fastmpi_ompi as module  # type: ignore[attr-defined]
+    except ImportError:
+        return None, f"in Python (the C extension for the {abi} ABI was not built)"
     if not hasattr(MPI.Request, "fromhandle"):
         return None, "in Python (the C path needs mpi4py >= 4)"
     try:
         lib = ctypes.CDLL(path)
-        addresses = [
-            ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-            for name in ("MPI_Iallreduce_c", "MPI_Ibcast_c", "MPI_Test")
-        ]
+        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _CALLS[abi]]
     except (OSError, AttributeError):
-        return None, "in Python (this MPI has no MPI-4 large-count calls)"
-    return (_fastmpi, addresses), f"in C (collectives._fastmpi on {os.path.basename(path)})"
+        return None, "in Python (this MPI lacks a call the C path makes)"
+    return (module, addresses), f"in C ({module.__name__} on {os.path.basename(path)})"
 
 
 _FAST, HOW = _compiled()
 #: whether the compiled calls are in use
 COMPILED = _FAST is not None
+
+
+class _Watchdog:
+    """Ends the job when a blocking direct-path call outlasts its communicator's timeout.
+
+    It reads each watched communicator's newest flight-recorder entry (a list whose end
+    stays 0.0 until the call returns): no cost per call. The error that a caller would have
+    got is printed, the flight record dumped where asked, and the job aborted.
+    """
+
+    def __init__(self) -> None:
+        self.comms: weakref.WeakSet = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, comm: Any) -> None:
+        self.comms.add(comm)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="collectives-watchdog")
+            self._thread.daemon = True
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            sleep(0.05)
+            now = monotonic()
+            for comm in list(self.comms):
+                recorder = comm.recorder
+                entry = recorder[-1] if recorder else None
+                if type(entry) is list and entry[5] == 0.0 and now - entry[4] > comm.timeout:
+                    self._end(comm, entry, now - entry[4])
+
+    @staticmethod
+    def _end(comm: Any, entry: list, waited: float) -> None:
+        from ._work import recorded, timeout_error
+
+        error = timeout_error(comm, recorded(entry), waited)
+        comm._dump_flight_record()
+        sys.stderr.write(
+            f"[rank {MPI.COMM_WORLD.Get_rank()}] CollectiveTimeoutError: {error}\n"
+            "A blocking MPI call cannot be interrupted (COLLECTIVES_MPI_BLOCKING=0 makes "
+            "it non-blocking): aborting the job.\n"
+        )
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+WATCHDOG = _Watchdog()
 
 
 def handle(obj: Any) -> Any:
@@ -171,10 +252,12 @@ FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.
 FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
 
 if _FAST is not None:
-    _module, (_iallreduce, _ibcast, _test) = _FAST
+    _module, (_iallreduce, _ibcast, _allreduce, _bcast, _test) = _FAST
     _module.setup(
         _iallreduce,
         _ibcast,
+        _allreduce,
+        _bcast,
         _test,
         int(_IN_PLACE),
         MPI.Exception,

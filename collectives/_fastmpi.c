@@ -13,23 +13,46 @@
  * the call, or raises the error it names.
  *
  * The MPI functions are the ones mpi4py's libmpi exports, passed in as addresses by setup():
- * this module links against no MPI. It speaks the MPICH ABI (integer handles, 64-bit
- * MPI_Count): MPICH, Intel MPI, Cray MPICH, MVAPICH. _direct.py checks that before setup().
+ * this module links against no MPI. It is built twice, once per ABI, and _direct.py picks the
+ * build that matches mpi4py's library before setup():
+ *   collectives._fastmpi       the MPICH ABI (int handles, the MPI-4 large-count calls with a
+ *                              64-bit MPI_Count): MPICH, Intel MPI, Cray MPICH, MVAPICH;
+ *   collectives._fastmpi_ompi  Open MPI's (pointer handles, int counts: Open MPI 5.0 has no
+ *                              large-count calls, so a larger count goes the general path).
+ * Where a library's blocking collectives are faster than its non-blocking ones, a communicator
+ * may ask for the blocking calls (its state's `blocking`): the wait then happens inside MPI,
+ * and a stuck call is ended by _direct.py's watchdog, which aborts the job.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 
+#ifdef FASTMPI_POINTER_HANDLES
+typedef intptr_t Handle; /* MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request: pointers */
+typedef int Count;       /* the count of the calls without _c */
+#define COUNT_MAX INT_MAX
+#define MODULE_NAME "collectives._fastmpi_ompi"
+#define MODULE_INIT PyInit__fastmpi_ompi
+#else
 typedef int Handle;      /* MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request */
 typedef long long Count; /* MPI_Count */
+#define COUNT_MAX LLONG_MAX
+#define MODULE_NAME "collectives._fastmpi"
+#define MODULE_INIT PyInit__fastmpi
+#endif
 typedef int (*IallreduceFn)(const void *, void *, Count, Handle, Handle, Handle, Handle *);
 typedef int (*IbcastFn)(void *, Count, Handle, int, Handle, Handle *);
+typedef int (*AllreduceFn)(const void *, void *, Count, Handle, Handle, Handle);
+typedef int (*BcastFn)(void *, Count, Handle, int, Handle);
 typedef int (*TestFn)(Handle *, int *, void *);
 
 static IallreduceFn mpi_iallreduce;
 static IbcastFn mpi_ibcast;
+static AllreduceFn mpi_allreduce; /* the blocking calls, for communicators that ask for them */
+static BcastFn mpi_bcast;
 static TestFn mpi_test;
 static void *mpi_in_place;
 static PyObject *mpi_error;           /* mpi4py's MPI.Exception: called with the error code */
@@ -44,7 +67,8 @@ static PyObject *s_dtype, *s_shape, *s_seq, *s_p2p, *s_checker, *s_yield_after, 
     *s_append, *s_pop, *s_mpi_wait, *s_all_reduce, *s_broadcast;
 
 /* What a communicator keeps for this path (Communicator._fast): see _direct.state(). */
-enum { ST_COMM, ST_TOKEN, ST_SLOTS, ST_SLOT, ST_RECORDER, ST_RANK, ST_SIZE, ST_LENGTH };
+enum { ST_COMM, ST_TOKEN, ST_SLOTS, ST_SLOT, ST_RECORDER, ST_RANK, ST_SIZE, ST_BLOCKING,
+       ST_LENGTH };
 
 static double now(void)
 {
@@ -56,7 +80,7 @@ static double now(void)
 /* Poll `request` (the GIL released) until it completes or has lasted `yield_after`. */
 static int poll(Handle *request, int *done, double yield_after)
 {
-    int status[16]; /* MPI_Status is 20 bytes under the MPICH ABI */
+    int status[16]; /* MPI_Status is 20 bytes under the MPICH ABI, 24 under Open MPI's */
     double start = now();
     unsigned polls = 0;
     int rc;
@@ -76,13 +100,18 @@ static void raise_mpi_error(int rc)
     }
 }
 
-/* mpi4py gives handles sign-extended to 64 bits: their low 32 bits are the handle. */
+/* mpi4py gives int handles sign-extended to 64 bits (their low 32 bits are the handle), and
+ * pointer handles as their address. */
 static int as_handle(PyObject *value, Handle *handle)
 {
     unsigned long long v = PyLong_AsUnsignedLongLongMask(value);
     if (v == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
+#ifdef FASTMPI_POINTER_HANDLES
+    *handle = (Handle)(uintptr_t)v;
+#else
     *handle = (Handle)(unsigned)v;
+#endif
     return 0;
 }
 
@@ -202,15 +231,24 @@ static int post_and_wait(const Call *c, PyObject *entry)
         return -1;
     if (as_handle(PyTuple_GET_ITEM(c->state, ST_COMM), &comm) < 0)
         return -1;
-    int rc, done = 0;
+    int rc, done = 0, blocking = PyTuple_GET_ITEM(c->state, ST_BLOCKING) == Py_True;
     Py_BEGIN_ALLOW_THREADS
-    if (c->call == s_all_reduce)
-        rc = mpi_iallreduce(c->send ? c->send : mpi_in_place, c->recv, c->count, c->datatype,
-                            c->mpi_op, comm, &request);
-    else
-        rc = mpi_ibcast(c->recv, c->count, c->datatype, c->root_rank, comm, &request);
-    if (rc == 0)
-        rc = poll(&request, &done, yield_after);
+    if (blocking) {
+        if (c->call == s_all_reduce)
+            rc = mpi_allreduce(c->send ? c->send : mpi_in_place, c->recv, c->count, c->datatype,
+                               c->mpi_op, comm);
+        else
+            rc = mpi_bcast(c->recv, c->count, c->datatype, c->root_rank, comm);
+        done = 1;
+    } else {
+        if (c->call == s_all_reduce)
+            rc = mpi_iallreduce(c->send ? c->send : mpi_in_place, c->recv, c->count,
+                                c->datatype, c->mpi_op, comm, &request);
+        else
+            rc = mpi_ibcast(c->recv, c->count, c->datatype, c->root_rank, comm, &request);
+        if (rc == 0)
+            rc = poll(&request, &done, yield_after);
+    }
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         PyObject *r = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(c->state, ST_RECORDER), s_pop);
@@ -235,6 +273,11 @@ static int post_and_wait(const Call *c, PyObject *entry)
         return -1;
     PyList_SetItem(entry, 5, end);
     return 0;
+}
+
+static PyObject *NotImplemented(void)
+{
+    Py_RETURN_NOTIMPLEMENTED; /* a count this ABI's calls cannot take: the general path's */
 }
 
 /* The thread guard around begin() and post_and_wait(). NotImplemented: the token is taken. */
@@ -324,10 +367,11 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
               PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0 &&
         as_handle(PyTuple_GET_ITEM(ops, 1), &c.mpi_op) == 0) {
-        c.count = xb.len / (xb.itemsize ? xb.itemsize : 1);
+        Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
+        c.count = (Count)count;
         c.send = in_place ? NULL : xb.buf;
         c.recv = in_place ? xb.buf : ob.buf;
-        done = run(&c, result);
+        done = (long long)count > (long long)COUNT_MAX ? NotImplemented() : run(&c, result);
     }
     Py_XDECREF(keep);
     if (!in_place)
@@ -369,31 +413,34 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Call c = {args[0], state, s_broadcast, x, PyTuple_GET_ITEM(types, 0), Py_None, root,
               keep, NULL, NULL, 0, 0, 0, (int)root_rank};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0) {
-        c.count = xb.len / (xb.itemsize ? xb.itemsize : 1);
+        Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
+        c.count = (Count)count;
         c.recv = xb.buf;
-        done = run(&c, x);
+        done = (long long)count > (long long)COUNT_MAX ? NotImplemented() : run(&c, x);
     }
     Py_XDECREF(keep);
     PyBuffer_Release(&xb);
     return done;
 }
 
-/* setup(iallreduce_c, ibcast_c, test, in_place, error, request_from_handle, ndarray,
- *       fast_type, fast_op, reduce_op) */
+/* setup(iallreduce, ibcast, allreduce, bcast, test, in_place, error,
+ *       request_from_handle, ndarray, fast_type, fast_op, reduce_op) */
 static PyObject *setup(PyObject *self, PyObject *args)
 {
-    unsigned long long iallreduce, ibcast, test;
+    unsigned long long iallreduce, ibcast, allreduce, bcast, test;
     long long in_place;
     PyObject *objects[6];
     PyObject **slots[6] = {&mpi_error, &request_from_handle, &ndarray,
                            &fast_type, &fast_op,   &reduce_op};
     (void)self;
-    if (!PyArg_ParseTuple(args, "KKKLOOOO!O!O", &iallreduce, &ibcast, &test, &in_place,
-                          &objects[0], &objects[1], &objects[2], &PyDict_Type, &objects[3],
-                          &PyDict_Type, &objects[4], &objects[5]))
+    if (!PyArg_ParseTuple(args, "KKKKKLOOOO!O!O", &iallreduce, &ibcast, &allreduce, &bcast,
+                          &test, &in_place, &objects[0], &objects[1], &objects[2],
+                          &PyDict_Type, &objects[3], &PyDict_Type, &objects[4], &objects[5]))
         return NULL;
     mpi_iallreduce = (IallreduceFn)(uintptr_t)iallreduce;
     mpi_ibcast = (IbcastFn)(uintptr_t)ibcast;
+    mpi_allreduce = (AllreduceFn)(uintptr_t)allreduce;
+    mpi_bcast = (BcastFn)(uintptr_t)bcast;
     mpi_test = (TestFn)(uintptr_t)test;
     mpi_in_place = (void *)(intptr_t)in_place;
     for (int i = 0; i < 6; i++) {
@@ -409,16 +456,16 @@ static PyMethodDef methods[] = {
     {"broadcast", (PyCFunction)(void (*)(void))broadcast, METH_FASTCALL,
      "broadcast(comm, state, x, root) -> x, or NotImplemented"},
     {"setup", setup, METH_VARARGS,
-     "setup(iallreduce_c, ibcast_c, test, in_place, error, request_from_handle, ndarray, "
-     "fast_type, fast_op, reduce_op)"},
+     "setup(iallreduce, ibcast, allreduce, bcast, test, in_place, error, "
+     "request_from_handle, ndarray, fast_type, fast_op, reduce_op)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "collectives._fastmpi", NULL, -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, MODULE_NAME, NULL, -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__fastmpi(void)
+PyMODINIT_FUNC MODULE_INIT(void)
 {
     struct {
         PyObject **name;

@@ -23,6 +23,7 @@ def init(
     device: int | None = None,
     timeout: float = 600.0,
     check: bool | None = None,
+    mpi_blocking: bool | None = None,
 ) -> Communicator:
     """A new communicator over every rank of the MPI world (a world of 1 without a launcher).
 
@@ -37,6 +38,11 @@ def init(
         timeout: seconds after which an operation that has not completed is declared hung.
         check: verify before each call that all ranks make the same call
             (default: environment ``COLLECTIVES_CHECK=1``).
+        mpi_blocking: on the MPI backend, make synchronous ``all_reduce`` and ``broadcast``
+            of NumPy arrays blocking MPI calls, which are faster than non-blocking ones
+            with Open MPI and Intel MPI; a stuck one then ends the job after ``timeout``
+            (printing the timeout error) instead of raising it. Default: environment
+            ``COLLECTIVES_MPI_BLOCKING`` (``1`` or ``0``), else on for Open MPI and Intel MPI.
 
     Each call returns an independent communicator (as ``MPI_Comm_dup``), every rank must call it.
 
@@ -59,6 +65,8 @@ def init(
         raise invalid("init", f"device must be a non-negative int or None, got {device!r}")
     if check is None:
         check = os.environ.get("COLLECTIVES_CHECK", "0") not in ("", "0")
+    if mpi_blocking is not None and type(mpi_blocking) is not bool:
+        raise invalid("init", f"mpi_blocking must be True, False or None, got {mpi_blocking!r}")
 
     mpi_comm = MPI.COMM_WORLD.Dup()
     try:
@@ -71,7 +79,7 @@ def init(
     impl: Backend
     extra: dict = {}
     if backend == "mpi":
-        impl = MpiBackend(mpi_comm)
+        impl = MpiBackend(mpi_comm, blocking=mpi_blocking)
     else:
         from ._nccl import make_nccl_backend
 

@@ -85,6 +85,20 @@ def mpi_cuda_aware() -> bool:
     return bool(query())
 
 
+#: MPI libraries whose non-blocking collectives are slower than their blocking ones (measured:
+#: benchmarks/README.md), where synchronous calls are blocking ones unless told otherwise
+SLOWER_NON_BLOCKING = frozenset({"Open MPI", "Intel MPI"})
+
+
+def blocking_by_default() -> bool:
+    """``COLLECTIVES_MPI_BLOCKING`` (``1``/``0``), else whether this MPI is in
+    :data:`SLOWER_NON_BLOCKING`."""
+    told = os.environ.get("COLLECTIVES_MPI_BLOCKING", "")
+    if told in ("0", "1"):
+        return told == "1"
+    return MPI.get_vendor()[0] in SLOWER_NON_BLOCKING
+
+
 def library_path() -> str | None:
     """The file of the libmpi that mpi4py loaded (Linux), or None."""
     try:
@@ -218,11 +232,15 @@ class MpiBackend:
 
     name = "mpi"
 
-    def __init__(self, mpi_comm: MPI.Comm, cuda_aware: bool | None = None):
+    def __init__(
+        self, mpi_comm: MPI.Comm, cuda_aware: bool | None = None, blocking: bool | None = None
+    ):
         self.comm = mpi_comm
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
+        #: synchronous direct-path calls as blocking MPI calls (see ``init(mpi_blocking=)``)
+        self.blocking = blocking_by_default() if blocking is None else blocking
         self.in_flight: set[MpiPending] = set()
         self._reap_at = _REAP_AT
 
@@ -360,7 +378,7 @@ class MpiBackend:
     def split(self, child: MPI.Comm, color: int | None, key: int) -> tuple[Any, dict]:
         if child == MPI.COMM_NULL:
             return None, {}
-        return MpiBackend(child, self.cuda_aware), {}
+        return MpiBackend(child, self.cuda_aware, self.blocking), {}
 
     def close(self) -> None:
         # The Communicator frees the MPI communicator, which MPI defers past calls in flight.

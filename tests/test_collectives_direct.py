@@ -42,7 +42,7 @@ def test_the_communicator_says_which_path_runs_and_why(comm):
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
         assert "in Python (COLLECTIVES_PURE_PYTHON=1)" in said
     elif _direct.COMPILED:
-        assert "in C (collectives._fastmpi on libmpi" in said
+        assert "in C (collectives._fastmpi" in said and " on libmpi" in said
     else:
         assert "in Python (" in said  # and the reason: another ABI, no C extension...
 
@@ -159,3 +159,17 @@ def test_cuda_awareness_is_asked_of_the_library_mpi4py_loaded(monkeypatch):
         assert mpi_cuda_aware() is bool(query())
     monkeypatch.setenv("COLLECTIVES_MPI_CUDA_AWARE", "1")
     assert mpi_cuda_aware() is True
+
+
+def test_blocking_calls_are_chosen_by_argument_then_environment_then_library(monkeypatch):
+    from collectives import _mpi
+
+    with pytest.raises(col.InvalidArgumentError, match="mpi_blocking must be True, False"):
+        col.init(backend="mpi", mpi_blocking="yes")
+    for told, expected in (("1", True), ("0", False)):
+        monkeypatch.setenv("COLLECTIVES_MPI_BLOCKING", told)
+        assert _mpi.blocking_by_default() is expected
+        with col.init(backend="mpi", mpi_blocking=not expected) as c:
+            assert c._impl.blocking is (not expected)  # the argument wins
+    monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING")
+    assert _mpi.blocking_by_default() is (MPI.get_vendor()[0] in ("Open MPI", "Intel MPI"))

@@ -74,6 +74,29 @@ def test_abort_on_exception_can_be_turned_off(tmp_path):
     assert elapsed >= 3
 
 
+def test_a_stuck_blocking_call_ends_the_job_after_its_timeout(tmp_path):
+    # A blocking MPI call cannot be interrupted: the watchdog prints the error and aborts.
+    script = """
+import time, numpy as np, collectives as col
+comm = col.init(backend="mpi", timeout=1.5, mpi_blocking=True)
+comm.all_reduce(np.ones(3))
+if comm.rank == 1:
+    time.sleep(60)   # never makes the next call
+comm.all_reduce(np.ones(3))
+"""
+    env = {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}  # the watchdog alone ends it
+    proc, elapsed = _job(tmp_path, script, 2, env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert elapsed < 15, f"job took {elapsed:.1f} s to end (rank 1 sleeps 60 s)"
+    assert (
+        "[rank 0] CollectiveTimeoutError: all_reduce #2 (shape (3,), float64) on rank 0 "
+        "did not complete after 1." in output
+    ), output
+    assert "Ranks that have not reached collective #2: rank 1 (at collective #1)" in output
+    assert "aborting the job" in output
+
+
 def test_timeline_files_and_merge(tmp_path):
     script = """
 import collectives as col, numpy as np
