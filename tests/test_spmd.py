@@ -5,7 +5,7 @@ A module declares ``WORLD_SIZES = (1, 2, ...)`` (default (1, 2)) and optionally
 
 ``COLLECTIVES_TEST_BACKEND`` (``mpi``, ``mpi-cupy`` or ``nccl``; see tests/spmd/conftest.py)
 passes through to every rank. ``COLLECTIVES_TEST_WORLD_SIZES=1,2`` keeps only the launches
-at those world sizes. Inner tests that skip are counted per launch and summed up, with their
+at those world sizes; ``COLLECTIVES_TEST_SPMD_TIMEOUT=S`` caps each launch at S seconds. Inner tests that skip are counted per launch and summed up, with their
 reasons, at the end of the run (tests/conftest.py), even where others passed.
 """
 
@@ -37,10 +37,15 @@ def _chosen_sizes() -> set[int] | None:
     return {int(s) for s in text.split(",") if s.strip()} if text else None
 
 
+def _launch_timeout(declared: float) -> float:
+    cap = os.environ.get("COLLECTIVES_TEST_SPMD_TIMEOUT")
+    return min(declared, float(cap)) if cap else declared
+
+
 def _cases():
     chosen = _chosen_sizes()
     for path in sorted(SPMD_DIR.glob("test_*.py")):
-        timeout = _declared(path, "SPMD_TIMEOUT", 240)
+        timeout = _launch_timeout(_declared(path, "SPMD_TIMEOUT", 240))
         for size in _declared(path, "WORLD_SIZES", (1, 2)):
             if chosen is None or size in chosen:
                 yield pytest.param(path, size, timeout, id=f"{path.stem}-np{size}")
@@ -70,7 +75,7 @@ def test_spmd_with_the_direct_path_in_python(path: Path, size: int, request):
     if chosen is not None and size not in chosen:
         pytest.skip(f"COLLECTIVES_TEST_WORLD_SIZES={os.environ['COLLECTIVES_TEST_WORLD_SIZES']}")
     env = {"COLLECTIVES_PURE_PYTHON": "1"}
-    _passes(path, size, run_spmd(path, size, timeout=240, env=env), request)
+    _passes(path, size, run_spmd(path, size, timeout=_launch_timeout(240), env=env), request)
 
 
 def _passes(path: Path, size: int, result, request) -> None:
