@@ -157,7 +157,11 @@ def test_group_with_async_works_and_a_collective(comm, xp):
         w_recv = comm.recv(got, left, async_op=True)
         w_sum = comm.all_reduce(total, async_op=True)
         assert all(isinstance(w, col.Work) for w in (w_send, w_recv, w_sum))
-    # The block's end completed them; waiting again is harmless and returns the results.
+    # The block's end completed them (on NCCL: queued them on the device, behind which
+    # synchronize() waits); waiting again is harmless and returns the results.
+    if comm.backend == "nccl":
+        for w in (w_send, w_recv, w_sum):
+            w.synchronize()
     assert w_recv.is_completed() and w_send.is_completed() and w_sum.is_completed()
     assert w_recv.wait() is got and w_sum.wait() is total and w_send.wait() is None
     np.testing.assert_array_equal(host(got), np.arange(4.0) + left)

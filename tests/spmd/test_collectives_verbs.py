@@ -11,6 +11,7 @@ types can round, and it is compared with a tolerance of the dtype's precision.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +44,10 @@ COMPLEX_OPS = ("sum", "avg")
 MODES = ("sync", "wait", "synchronize", "poll")
 # (shape, mode): every mode on a 2-D array, then empty, 0-d and 3-D arrays.
 CASES = [((2, 3), mode) for mode in MODES] + [((0,), "sync"), ((), "wait"), ((3, 1, 2), "poll")]
+# On NCCL, Work.wait() orders the caller's current stream after the call without blocking the
+# host, so the call is complete only once the stream has run: is_completed() is checked after
+# synchronize() there.
+STREAM_ORDERED = os.environ.get("COLLECTIVES_TEST_BACKEND") == "nccl"
 # Relative tolerance of AVG for floating dtypes (division by 3 rounds).
 AVG_RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "complex64": 1e-6}
 
@@ -133,6 +138,8 @@ def finish(ret, mode: str, what: str):
     assert isinstance(ret, col.Work), f"{what}: async_op=True returned {type(ret).__name__}"
     if mode == "wait":
         result = ret.wait()
+        if STREAM_ORDERED:  # wait() ordered the caller's stream after the call, not the host
+            assert ret.synchronize() is result, what
     elif mode == "synchronize":
         result = ret.synchronize()
     else:
