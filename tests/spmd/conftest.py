@@ -45,7 +45,15 @@ BACKEND = "nccl" if TEST_BACKEND == "nccl" else "mpi"  # what col.init is given
 CUPY = TEST_BACKEND != "mpi"  # whether the tests' arrays are CuPy arrays
 
 
-def _cupy_unusable_reason() -> str | None:
+def _local_size() -> int:
+    """Ranks on this node (collective: every rank calls it, at import)."""
+    local = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    size = local.Get_size()
+    local.Free()
+    return size
+
+
+def _cupy_unusable_reason(local_size: int) -> str | None:
     """Why this job cannot run TEST_BACKEND here; None when it can (or it needs no CuPy)."""
     if not CUPY:
         return None
@@ -69,9 +77,7 @@ def _cupy_unusable_reason() -> str | None:
         return f"{where}: {reason}"
     from cupy.cuda import nccl
 
-    local = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks_per_gpu = -(-local.Get_size() // gpus)
-    local.Free()
+    ranks_per_gpu = -(-local_size // gpus)
     shared = nccl.get_version() >= 23003 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
     if ranks_per_gpu > 2 or (ranks_per_gpu == 2 and not shared):
         return (
@@ -81,7 +87,7 @@ def _cupy_unusable_reason() -> str | None:
     return None
 
 
-UNUSABLE = _cupy_unusable_reason()
+UNUSABLE = _cupy_unusable_reason(_local_size())
 
 
 def pytest_configure(config):
