@@ -266,3 +266,21 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
     waited = record[0] if comm.rank != late else record[1]
     assert waited["duration_s"] >= 0.09
     comm.close()
+
+
+@pytest.mark.parametrize("finish", ["wait", "synchronize"])
+def test_close_with_a_call_in_flight_does_not_lose_it(backend, xp, finish):
+    """Every rank made the call, so closing the communicator before waiting neither hangs nor
+    loses it: the Work still finishes with the result (NCCL drains the stream before it
+    destroys the communicator; MPI frees the communicator once the request has ended)."""
+    comm = col.init(backend, timeout=10.0)
+    x = xp.full(1 << 18, comm.rank + 1.0)
+    work = comm.all_reduce(x, async_op=True)
+    if comm.rank == comm.size - 1:
+        time.sleep(0.1)  # the call is still in flight on the other ranks when they close
+    start = time.monotonic()
+    comm.close()
+    assert time.monotonic() - start < 10.0
+    assert getattr(work, finish)() is x
+    np.testing.assert_array_equal(host(x[:4]), sum(range(1, comm.size + 1)))
+    assert comm.closed
