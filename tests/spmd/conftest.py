@@ -20,6 +20,7 @@ errors) are marked ``numpy_only`` and skip under the CuPy backends.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -53,7 +54,32 @@ def _local_size() -> int:
     return size
 
 
-def _cupy_unusable_reason(local_size: int) -> str | None:
+LOCAL_SIZE = _local_size()
+
+
+@functools.cache
+def nccl_unusable_reason() -> str | None:
+    """Why this job's ranks cannot run NCCL here: no GPU or NCCL, or more ranks per GPU than
+    NCCL allows (two need NCCL >= 2.30.3 with NCCL_MULTI_RANK_GPU_ENABLE=1); None when they can."""
+    from collectives._nccl import nccl_unavailable_reason
+
+    reason = nccl_unavailable_reason()
+    if reason is not None:
+        return reason
+    import cupy
+    from cupy.cuda import nccl
+
+    ranks_per_gpu = -(-LOCAL_SIZE // cupy.cuda.runtime.getDeviceCount())
+    shared = nccl.get_version() >= 23003 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+    if ranks_per_gpu > 2 or (ranks_per_gpu == 2 and not shared):
+        return (
+            f"{ranks_per_gpu} ranks per GPU need NCCL >= 2.30.3 with "
+            "NCCL_MULTI_RANK_GPU_ENABLE=1 (at most 2 per GPU)"
+        )
+    return None
+
+
+def _cupy_unusable_reason() -> str | None:
     """Why this job cannot run TEST_BACKEND here; None when it can (or it needs no CuPy)."""
     if not CUPY:
         return None
@@ -68,26 +94,11 @@ def _cupy_unusable_reason(local_size: int) -> str | None:
         gpus = 0
     if gpus < 1:
         return f"{where}: no CUDA device"
-    if TEST_BACKEND != "nccl":
-        return None
-    from collectives._nccl import nccl_unavailable_reason
-
-    reason = nccl_unavailable_reason()
-    if reason is not None:
-        return f"{where}: {reason}"
-    from cupy.cuda import nccl
-
-    ranks_per_gpu = -(-local_size // gpus)
-    shared = nccl.get_version() >= 23003 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
-    if ranks_per_gpu > 2 or (ranks_per_gpu == 2 and not shared):
-        return (
-            f"{where}: {ranks_per_gpu} ranks per GPU need NCCL >= 2.30.3 with "
-            "NCCL_MULTI_RANK_GPU_ENABLE=1 (at most 2 per GPU)"
-        )
-    return None
+    reason = nccl_unusable_reason() if TEST_BACKEND == "nccl" else None
+    return None if reason is None else f"{where}: {reason}"
 
 
-UNUSABLE = _cupy_unusable_reason(_local_size())
+UNUSABLE = _cupy_unusable_reason()
 
 
 def pytest_configure(config):
@@ -124,6 +135,14 @@ def backend() -> str:
     """The backend name to give ``col.init`` (skips the test where it cannot run here)."""
     array_module()
     return BACKEND
+
+
+@pytest.fixture
+def nccl_world() -> None:
+    """Skips the test where this job's ranks cannot run the NCCL backend here."""
+    reason = nccl_unusable_reason()
+    if reason is not None:
+        pytest.skip(f"NCCL backend: {reason}")
 
 
 @pytest.fixture
