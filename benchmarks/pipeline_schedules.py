@@ -9,7 +9,10 @@ and the simulator checked.
 
 Options: --microbatches 8 --chunks 2 --width 256 --rows 64 --layers 4 (per rank, split
 over the chunks) --steps 5 --schedules gpipe,1f1b,interleaved,zb-h1,zb-h2 --backend mpi
---json PATH --plot PATH (measured and simulated timelines of each schedule).
+--arrays auto (CuPy on nccl, NumPy on mpi; ``--backend mpi --arrays cupy`` sends CuPy arrays
+over MPI) --json PATH --plot PATH (measured and simulated timelines of each schedule).
+On CuPy every stage's forward and backward ends with a synchronisation of the device, so that
+the host-side times of the trace are the times of the device's work.
 BLAS runs one thread per rank unless OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say otherwise.
 """
 
@@ -46,17 +49,48 @@ def make(name: str, ranks: int, microbatches: int, chunks: int) -> pipeline.Sche
     }[name]()
 
 
-def measure(comm, schedule: pipeline.Schedule, args) -> dict:
+def synchronized(stage: pipeline.Stage, sync) -> pipeline.Stage:
+    """``stage`` whose every call returns once the device has finished its work."""
+
+    def forward(x, mb):
+        y = stage.forward(x, mb)
+        sync()
+        return y
+
+    def backward(dy, mb):
+        dx = stage.backward(dy, mb)
+        sync()
+        return dx
+
+    weight = stage.backward_weight
+    if weight is None:
+        return pipeline.Stage(forward, backward)
+
+    def backward_weight(mb):
+        weight(mb)
+        sync()
+
+    return pipeline.Stage(forward, backward, backward_weight)
+
+
+def measure(comm, schedule: pipeline.Schedule, args, xp=np) -> dict:
     """Run ``args.steps`` timed steps (after one warmup); this rank's times and traces."""
     p, chunks = comm.size, schedule.chunks
     per_chunk = max(1, args.layers // chunks)
     rng = np.random.default_rng(0)
     stages, layers = [], []
     for _ in range(chunks):
-        chunk = [Dense(w, b) for w, b in init_weights([args.width] * (per_chunk + 1), rng)]
+        sizes = [args.width] * (per_chunk + 1)
+        chunk = [Dense(w, b) for w, b in init_weights(sizes, rng, xp=xp)]
         layers += chunk
-        stages.append(Chain(chunk).stage(split=schedule.splits_backward))
-    xs = [rng.standard_normal((args.rows, args.width)) for _ in range(schedule.microbatches)]
+        stage = Chain(chunk).stage(split=schedule.splits_backward)
+        if xp is not np:
+            stage = synchronized(stage, xp.cuda.get_current_stream().synchronize)
+        stages.append(stage)
+    xs = [
+        xp.asarray(rng.standard_normal((args.rows, args.width)))
+        for _ in range(schedule.microbatches)
+    ]
     first, last = comm.rank == 0, comm.rank == (schedule.stages - 1) % p
     steps, traces = [], []
     for step in range(args.steps + 1):
@@ -125,29 +159,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--schedules", default=",".join(NAMES))
     parser.add_argument("--backend", default="mpi")
+    parser.add_argument("--arrays", default="auto", choices=("auto", "numpy", "cupy"))
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--plot", metavar="PATH")
     args = parser.parse_args(argv)
 
     comm = col.init(backend=args.backend)
+    arrays = args.arrays if args.arrays != "auto" else "cupy" if comm.backend == "nccl" else "numpy"
+    xp = __import__("cupy") if arrays == "cupy" else np
     rows = []
     for name in args.schedules.split(","):
         chunks = args.chunks if name == "interleaved" else 1
         schedule = make(name, comm.size, args.microbatches, chunks)
-        mine = measure(comm, schedule, args)
+        mine = measure(comm, schedule, args, xp)
         gathered = comm.mpi_comm.gather(mine, root=0)  # small: timings only
         if comm.rank == 0:
             rows.append(summarize(schedule, gathered))
     if comm.rank == 0:
         print(f"# {comm.size} ranks, {args.microbatches} microbatches of {args.rows}x{args.width}, "
-              f"{args.layers} dense layers per rank, float64, backend {comm.backend}; "
+              f"{args.layers} dense layers per rank, float64, backend {comm.backend}, {arrays} arrays; "
               f"step ms = wall time of a step (median, min over {args.steps}); measured = the "
               f"timeline of the fastest step; simulated = pipeline.simulate with the median "
               f"action costs")  # fmt: skip
         print(table(rows))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"argv": sys.argv, "rows": [{k: v for k, v in r.items() if k[0] != "_"} for r in rows]},
+                json.dump({"argv": sys.argv, "backend": comm.backend, "arrays": arrays, "rows": [{k: v for k, v in r.items() if k[0] != "_"} for r in rows]},
                           f, indent=1)  # fmt: skip
         if args.plot:
             from pipeline import plot

@@ -95,9 +95,12 @@ def train(
     hook: Any = None,
     limit: int | None = None,
     log: Callable[[str], None] | None = print,
+    xp: Any = None,
 ) -> list[dict[str, float]]:
-    """Train and return one record per epoch: loss, train/test accuracy, communication time."""
-    xp = __import__("cupy") if comm.backend == "nccl" else np
+    """Train and return one record per epoch: loss, train/test accuracy, communication time.
+    ``xp`` is the array module (default: CuPy on the NCCL backend, else NumPy)."""
+    if xp is None:
+        xp = __import__("cupy") if comm.backend == "nccl" else np
     x_train, y_train, x_test, y_test = load_digits_split(seed)
     if limit is not None:
         x_train, y_train = x_train[:limit], y_train[:limit]

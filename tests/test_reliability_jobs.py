@@ -101,7 +101,7 @@ def test_timeline_files_and_merge(tmp_path):
     script = """
 import collectives as col, numpy as np
 from ddp import DistributedDataParallel
-comm = col.init()
+comm = col.init("mpi")
 for _ in range(3):
     comm.all_reduce(np.ones(8))
 ddp = DistributedDataParallel({"w": np.ones(4), "b": np.ones(2)}, comm, bucket_cap_mb=1e-5,
@@ -138,7 +138,7 @@ def test_ctrl_c_interrupts_a_waiting_collective(tmp_path):
     script.write_text("""
 import signal, sys, numpy as np, collectives as col
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
-comm = col.init(timeout=60)
+comm = col.init("mpi", timeout=60)
 print("waiting", flush=True)
 try:
     with comm.group():

@@ -2,11 +2,17 @@
 
 A module declares ``WORLD_SIZES = (1, 2, ...)`` (default (1, 2)) and optionally
 ``SPMD_TIMEOUT`` seconds for the whole launch (default 240).
+
+``COLLECTIVES_TEST_BACKEND`` (``mpi``, ``mpi-cupy`` or ``nccl``; see tests/spmd/conftest.py)
+passes through to every rank. ``COLLECTIVES_TEST_WORLD_SIZES=1,2`` keeps only the launches
+at those world sizes; ``COLLECTIVES_TEST_SPMD_TIMEOUT=S`` caps each launch at S seconds. Inner tests that skip are counted per launch and summed up, with their
+reasons, at the end of the run (tests/conftest.py), even where others passed.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +20,7 @@ import pytest
 from tests.spmd_launcher import run_spmd
 
 SPMD_DIR = Path(__file__).resolve().parent / "spmd"
+TEST_BACKEND = os.environ.get("COLLECTIVES_TEST_BACKEND", "mpi")
 
 
 def _declared(path: Path, name: str, default):
@@ -25,16 +32,28 @@ def _declared(path: Path, name: str, default):
     return default
 
 
+def _chosen_sizes() -> set[int] | None:
+    text = os.environ.get("COLLECTIVES_TEST_WORLD_SIZES", "").strip()
+    return {int(s) for s in text.split(",") if s.strip()} if text else None
+
+
+def _launch_timeout(declared: float) -> float:
+    cap = os.environ.get("COLLECTIVES_TEST_SPMD_TIMEOUT")
+    return min(declared, float(cap)) if cap else declared
+
+
 def _cases():
+    chosen = _chosen_sizes()
     for path in sorted(SPMD_DIR.glob("test_*.py")):
-        timeout = _declared(path, "SPMD_TIMEOUT", 240)
+        timeout = _launch_timeout(_declared(path, "SPMD_TIMEOUT", 240))
         for size in _declared(path, "WORLD_SIZES", (1, 2)):
-            yield pytest.param(path, size, timeout, id=f"{path.stem}-np{size}")
+            if chosen is None or size in chosen:
+                yield pytest.param(path, size, timeout, id=f"{path.stem}-np{size}")
 
 
 @pytest.mark.parametrize("path,size,timeout", list(_cases()))
-def test_spmd(path: Path, size: int, timeout: float):
-    _passes(path, size, run_spmd(path, size, timeout=timeout))
+def test_spmd(path: Path, size: int, timeout: float, request):
+    _passes(path, size, run_spmd(path, size, timeout=timeout), request)
 
 
 @pytest.mark.parametrize(
@@ -45,14 +64,33 @@ def test_spmd(path: Path, size: int, timeout: float):
     ],
     ids=lambda value: value.stem if isinstance(value, Path) else f"np{value}",
 )
-def test_spmd_with_the_direct_path_in_python(path: Path, size: int):
+def test_spmd_with_the_direct_path_in_python(path: Path, size: int, request):
     # as where collectives._fastmpi did not build: the modules that use the direct path most
     # (test_collectives_direct.py runs the in-process ones so)
+    if TEST_BACKEND != "mpi":
+        pytest.skip(
+            f"the direct path serves NumPy on MPI, not COLLECTIVES_TEST_BACKEND={TEST_BACKEND}"
+        )
+    chosen = _chosen_sizes()
+    if chosen is not None and size not in chosen:
+        pytest.skip(f"COLLECTIVES_TEST_WORLD_SIZES={os.environ['COLLECTIVES_TEST_WORLD_SIZES']}")
     env = {"COLLECTIVES_PURE_PYTHON": "1"}
-    _passes(path, size, run_spmd(path, size, timeout=240, env=env))
+    _passes(path, size, run_spmd(path, size, timeout=_launch_timeout(240), env=env), request)
 
 
-def _passes(path: Path, size: int, result) -> None:
+def _passes(path: Path, size: int, result, request) -> None:
+    skipped = [o for o in result.ranks.get(0, []) if o["outcome"] == "skipped"]
+    # read by tests/conftest.py's summary of inner outcomes
+    request.node.user_properties.append(
+        (
+            "spmd",
+            {
+                "launch": f"{path.stem}-np{size}",
+                "counts": result.counts(0),
+                "skipped": [o["detail"] for o in skipped],
+            },
+        )
+    )
     problems = result.failures()
     if result.returncode is None:
         problems.append("job hung and was killed")
@@ -68,6 +106,5 @@ def _passes(path: Path, size: int, result) -> None:
         )
     counts = result.counts(0)
     if counts.get("passed", 0) == 0 and counts.get("skipped", 0) > 0:
-        reasons = {o["detail"] for o in result.ranks[0] if o["outcome"] == "skipped"}
-        pytest.skip("; ".join(sorted(reasons)))
+        pytest.skip("; ".join(sorted({o["detail"] for o in skipped})))
     assert counts.get("passed", 0) > 0, f"no test passed:\n{result.output[-2000:]}"

@@ -8,6 +8,7 @@ import pytest
 
 import collectives as col
 
+pytestmark = pytest.mark.numpy_only("the direct path takes NumPy arrays")
 WORLD_SIZES = (1, 2, 3)
 
 

@@ -4,6 +4,7 @@ Each case checks that the error is an ``InvalidArgumentError`` (also a ``ValueEr
 message names the call, the argument, what was expected and what was given; then the test
 runs a real collective to show that the failed call left the ranks in step.
 Also: a communicator used from two threads at once, and a collective that times out.
+Arrays are of the backend under test (``xp``); read-only arrays exist only in NumPy.
 """
 
 from __future__ import annotations
@@ -44,20 +45,36 @@ def fails(call: str, *fragments: str, error_type=col.InvalidArgumentError) -> It
         assert fragment in message, f"{fragment!r} not in {message!r}"
 
 
-def in_step(comm) -> None:
+def in_step(comm, xp=np) -> None:
     """A real collective after the failures: every rank must still be at the same call."""
-    x = np.array([comm.rank + 1], np.int64)
+    x = xp.array([comm.rank + 1], np.int64)
     comm.all_reduce(x)
-    assert x[0] == comm.size * (comm.size + 1) // 2
+    assert int(x[0]) == comm.size * (comm.size + 1) // 2
+
+
+def host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def finished(comm, call: str, *args, **kwargs):
+    """Make ``call`` and return once it has completed here (or raise); on NCCL, where a
+    synchronous call returns once queued, through ``async_op=True`` and ``synchronize()``."""
+    if comm.backend == "nccl":
+        return getattr(comm, call)(*args, async_op=True, **kwargs).synchronize()
+    return getattr(comm, call)(*args, **kwargs)
 
 
 class Sub(np.ndarray):
     """A NumPy subclass: the same memory kind but not the same array type as x."""
 
 
-def test_unsupported_dtypes(comm):
-    for dtype in (np.bool_, np.int16, np.uint16, np.float128 if hasattr(np, "float128") else "U2"):
-        x = np.zeros(4, dtype)
+def test_unsupported_dtypes(comm, xp):
+    dtypes = [np.bool_, np.int16, np.uint16]
+    if xp is np:  # dtypes CuPy has no arrays of
+        dtypes.append(np.float128 if hasattr(np, "float128") else "U2")
+    for dtype in dtypes:
+        x = xp.zeros(4, dtype)
         name = str(np.dtype(dtype))
         with fails("all_reduce", f"x has dtype {name}", "expected one of"):
             comm.all_reduce(x)
@@ -65,31 +82,31 @@ def test_unsupported_dtypes(comm):
             comm.broadcast(x)
         with fails("send", f"x has dtype {name}"):
             comm.send(x, 0)
-        good = np.zeros(4, np.float32)
+        good = xp.zeros(4, np.float32)
         with fails("all_reduce", f"out has dtype {name}"):
             comm.all_reduce(good, out=x)
     with fails("all_gather", "as_bfloat16") as caught:
-        comm.all_gather(np.zeros(2, np.uint16))
+        comm.all_gather(xp.zeros(2, np.uint16))
     msg = caught.message
     assert "uint16" in msg
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_not_an_array(comm):
+def test_not_an_array(comm, xp):
     for obj in ([1.0, 2.0], 3.0, "abc", None):
         with fails("all_reduce", "x must be a NumPy or CuPy array", type(obj).__name__):
             comm.all_reduce(obj)
     with fails("recv", "x must be", "list"):
         comm.recv([0, 0], 0)
     with fails("all_reduce", "out must be", "list"):
-        comm.all_reduce(np.zeros(2), out=[0.0, 0.0])
-    in_step(comm)
+        comm.all_reduce(xp.zeros(2), out=[0.0, 0.0])
+    in_step(comm, xp)
 
 
-def test_non_contiguous(comm):
+def test_non_contiguous(comm, xp):
     size = comm.size
-    strided = np.zeros((4, 6), np.float32)[:, ::2]
-    fortran = np.asfortranarray(np.zeros((3, 4), np.float64))
+    strided = xp.zeros((4, 6), np.float32)[:, ::2]
+    fortran = xp.asfortranarray(xp.zeros((3, 4), np.float64))
     for x in (strided, fortran):
         with fails("all_reduce", "x must be C-contiguous", str(x.strides)):
             comm.all_reduce(x)
@@ -97,13 +114,13 @@ def test_non_contiguous(comm):
             comm.broadcast(x)
         with fails("all_gather", "C-contiguous"):
             comm.all_gather(x)
-    good = np.zeros((4, 3), np.float32)
+    good = xp.zeros((4, 3), np.float32)
     with fails("all_reduce", "out must be C-contiguous"):
         comm.all_reduce(good, out=strided)
-    gathered = np.zeros((size, 4, 6), np.float32)[:, :, ::2]
+    gathered = xp.zeros((size, 4, 6), np.float32)[:, :, ::2]
     with fails("all_gather", "out must be C-contiguous"):
         comm.all_gather(good, out=gathered)
-    in_step(comm)
+    in_step(comm, xp)
 
 
 def read_only(a: np.ndarray) -> np.ndarray:
@@ -111,6 +128,7 @@ def read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
+@pytest.mark.numpy_only(reason="CuPy arrays have no read-only flag")
 def test_read_only_results(comm):
     """A read-only array where a result is written fails on the rank that has it; one that is
     only read (a send buffer, broadcast's root) works."""
@@ -147,47 +165,50 @@ def test_read_only_results(comm):
     in_step(comm)
 
 
-def test_out_of_wrong_shape_dtype_or_type(comm):
+def test_out_of_wrong_shape_dtype_or_type(comm, xp):
     size = comm.size
-    x = np.zeros((3, 4), np.float32)
+    x = xp.zeros((3, 4), np.float32)
     with fails("all_reduce", "out has shape (4, 3), expected (3, 4)"):
-        comm.all_reduce(x, out=np.zeros((4, 3), np.float32))
+        comm.all_reduce(x, out=xp.zeros((4, 3), np.float32))
     with fails("all_reduce", "out has dtype float64, expected float32"):
-        comm.all_reduce(x, out=np.zeros((3, 4), np.float64))
+        comm.all_reduce(x, out=xp.zeros((3, 4), np.float64))
     with fails("reduce", "out has shape (12,), expected (3, 4)"):
-        comm.reduce(x, out=np.zeros(12, np.float32))
+        comm.reduce(x, out=xp.zeros(12, np.float32))
     with fails("all_gather", f"out has shape ({size + 1}, 3, 4), expected ({size}, 3, 4)"):
-        comm.all_gather(x, out=np.zeros((size + 1, 3, 4), np.float32))
+        comm.all_gather(x, out=xp.zeros((size + 1, 3, 4), np.float32))
     with fails("all_gather", f"expected ({size}, 3, 4)"):
-        comm.all_gather(x, out=np.zeros((3, 4), np.float32))
-    xs = np.zeros((size, 3), np.int32)
+        comm.all_gather(x, out=xp.zeros((3, 4), np.float32))
+    xs = xp.zeros((size, 3), np.int32)
     with fails("reduce_scatter", f"out has shape ({size}, 3), expected (3,)"):
-        comm.reduce_scatter(xs, out=np.zeros((size, 3), np.int32))
+        comm.reduce_scatter(xs, out=xp.zeros((size, 3), np.int32))
     with fails("all_to_all", "out has dtype int64, expected int32"):
-        comm.all_to_all(xs, out=np.zeros((size, 3), np.int64))
+        comm.all_to_all(xs, out=xp.zeros((size, 3), np.int64))
     if comm.rank == 0:  # root only: off root, scatter's out needs root's shape to be checked
         with fails("scatter", "out has shape (4,), expected (3,)"):
-            comm.scatter(xs, out=np.zeros(4, np.int32))
+            comm.scatter(xs, out=xp.zeros(4, np.int32))
         # and gather takes no out at all off root
         with fails("gather", f"expected ({size}, 3, 4)"):
-            comm.gather(x, out=np.zeros((size, 4, 3), np.float32))
-    other = np.zeros((3, 4), np.float32).view(Sub)
-    with fails("all_reduce", "out is a", "Sub", "like x"):
+            comm.gather(x, out=xp.zeros((size, 4, 3), np.float32))
+    if xp is np:
+        other, kind = np.zeros((3, 4), np.float32).view(Sub), "Sub"
+    else:  # a host array beside a device one
+        other, kind = np.zeros((3, 4), np.float32), "numpy.ndarray"
+    with fails("all_reduce", "out is a", kind, "like x"):
         comm.all_reduce(x, out=other)
-    bits = col.as_bfloat16(np.zeros((3, 4), np.uint16))
+    bits = col.as_bfloat16(xp.zeros((3, 4), np.uint16))
     with fails("all_reduce", "out has dtype bfloat16", "expected float32"):
         comm.all_reduce(x, out=bits)
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_partially_overlapping_out(comm):
-    buf = np.zeros(8, np.float32)
+def test_partially_overlapping_out(comm, xp):
+    buf = xp.zeros(8, np.float32)
     with fails("all_reduce", "out overlaps x without being the same memory"):
         comm.all_reduce(buf[0:4], out=buf[2:6])
     with fails("reduce", "overlaps"):
         comm.reduce(buf[0:4], out=buf[3:7])
     size = comm.size
-    whole = np.zeros((size + 1) * 2, np.float32)
+    whole = xp.zeros((size + 1) * 2, np.float32)
     # x inside out, but not at this rank's slot: out[rank + 1] is not x's place.
     x = whole[2 * (comm.rank + 1) : 2 * (comm.rank + 2)]
     out = whole[: 2 * size].reshape(size, 2) if comm.rank + 1 < size else None
@@ -197,37 +218,37 @@ def test_partially_overlapping_out(comm):
     shifted = whole[1 : 1 + 2 * size].reshape(size, 2)
     with fails("all_gather", "overlaps"):
         comm.all_gather(whole[0:2], out=shifted)
-    flat = np.zeros(2 * size + 1, np.float32)
+    flat = xp.zeros(2 * size + 1, np.float32)
     x, out = flat[: 2 * size].reshape(size, 2), flat[1:].reshape(size, 2)
     with fails("all_to_all", "overlaps"):
         comm.all_to_all(x, out=out)
     # The identical array is the in-place form, not an overlap.
-    y = np.ones(4, np.float32)
+    y = xp.ones(4, np.float32)
     comm.all_reduce(y, out=y)
     np.testing.assert_array_equal(y, comm.size)
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_scatter_out_checked_against_x_off_root(comm):
+def test_scatter_out_checked_against_x_off_root(comm, xp):
     """Off root, an ``x`` given beside ``out`` fixes out's shape: a wrong out fails locally."""
     size = comm.size
     # A short timeout: if one rank wrongly went on to communicate, it fails soon, not hangs.
-    short = col.init(backend="mpi", timeout=3)
+    short = col.init(backend=comm.backend, timeout=3, mpi_blocking=False)
     try:
-        xs = np.zeros((size, 3), np.int32)
+        xs = xp.zeros((size, 3), np.int32)
         with fails("scatter", "out has shape (4,), expected (3,)"):
-            short.scatter(xs, out=np.zeros(4, np.int32))
+            short.scatter(xs, out=xp.zeros(4, np.int32))
         with fails("scatter", "out has dtype int64, expected int32"):
-            short.scatter(xs, out=np.zeros(3, np.int64))
+            short.scatter(xs, out=xp.zeros(3, np.int64))
     finally:
         short.close()
-        in_step(comm)  # every rank gets here, failed or not: the next test starts in step
+        in_step(comm, xp)  # every rank gets here, failed or not: the next test starts in step
 
 
-def test_leading_axis_must_be_size(comm):
+def test_leading_axis_must_be_size(comm, xp):
     size = comm.size
-    bad = np.zeros((size + 1, 2), np.float32)
-    scalar = np.zeros((), np.float32)
+    bad = xp.zeros((size + 1, 2), np.float32)
+    scalar = xp.zeros((), np.float32)
     for x, shape in ((bad, (size + 1, 2)), (scalar, ())):
         expected = f"x has shape {shape}, expected a first axis of size {size}"
         with fails("reduce_scatter", expected):
@@ -238,12 +259,12 @@ def test_leading_axis_must_be_size(comm):
             comm.scatter(x)
     with fails("scatter", "x is required on root", "None"):
         comm.scatter(None)
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_root_out_of_range(comm):
+def test_root_out_of_range(comm, xp):
     size = comm.size
-    x = np.zeros(2, np.float32)
+    x = xp.zeros(2, np.float32)
     for root in (size, -1, 1.0, "0", None, True):
         expected = f"root must be an int in [0, {size}), got {root!r}"
         with fails("reduce", expected):
@@ -253,13 +274,13 @@ def test_root_out_of_range(comm):
         with fails("gather", expected):
             comm.gather(x, root)
         with fails("scatter", expected):
-            comm.scatter(np.zeros((size, 2)), root)
-    in_step(comm)
+            comm.scatter(xp.zeros((size, 2)), root)
+    in_step(comm, xp)
 
 
-def test_peer_out_of_range_and_self(comm):
+def test_peer_out_of_range_and_self(comm, xp):
     size, rank = comm.size, comm.rank
-    x = np.zeros(2, np.float32)
+    x = xp.zeros(2, np.float32)
     for peer in (size, -1, 0.0, "1", None):
         expected = f"peer must be an int in [0, {size}), got {peer!r}"
         with fails("send", expected):
@@ -270,12 +291,12 @@ def test_peer_out_of_range_and_self(comm):
         comm.send(x, rank)
     with fails("recv", "is this rank"):
         comm.recv(x, rank, async_op=True)
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_bad_op(comm):
+def test_bad_op(comm, xp):
     size = comm.size
-    x = np.zeros(2, np.float32)
+    x = xp.zeros(2, np.float32)
     for op in ("mean", "", "add", 3, None):
         expected = f"op must be one of sum, prod, max, min, avg, got {op!r}"
         with fails("all_reduce", expected):
@@ -283,9 +304,9 @@ def test_bad_op(comm):
         with fails("reduce", expected):
             comm.reduce(x, op=op)
         with fails("reduce_scatter", expected):
-            comm.reduce_scatter(np.zeros((size, 2)), op)
+            comm.reduce_scatter(xp.zeros((size, 2)), op)
     for dtype in (np.complex64, np.complex128):
-        z = np.zeros(2, dtype)
+        z = xp.zeros(2, dtype)
         name = np.dtype(dtype).name
         for op in ("max", "min", "prod", col.ReduceOp.MAX):
             expected = f"op {col.ReduceOp[str(op).upper()]} is not defined for {name}"
@@ -293,15 +314,15 @@ def test_bad_op(comm):
                 comm.all_reduce(z, op)
             with fails("reduce", expected):
                 comm.reduce(z, op=op)
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_use_after_close_and_abort():
+def test_use_after_close_and_abort(backend, xp):
     for end, word in (("close", "closed"), ("abort", "aborted")):
-        c = col.init(backend="mpi", timeout=30)
-        in_step(c)
+        c = col.init(backend=backend, timeout=30)
+        in_step(c, xp)
         getattr(c, end)()
-        x = np.zeros(2, np.float32)
+        x = xp.zeros(2, np.float32)
         state = col.CommunicatorStateError
         verb = "is" if word == "closed" else "was"
         with fails("all_reduce", f"communicator {verb} {word}", error_type=state):
@@ -315,16 +336,16 @@ def test_use_after_close_and_abort():
         c.close()
 
 
-def test_empty_arrays_work(comm):
+def test_empty_arrays_work(comm, xp):
     """Not an error: size-0 arrays go through every verb."""
     size = comm.size
-    e = np.zeros((0, 3), np.float32)
+    e = xp.zeros((0, 3), np.float32)
     assert comm.all_reduce(e) is e
     assert comm.all_gather(e).shape == (size, 0, 3)
-    assert comm.reduce_scatter(np.zeros((size, 0))).shape == (0,)
-    assert comm.all_to_all(np.zeros((size, 0))).shape == (size, 0)
+    assert comm.reduce_scatter(xp.zeros((size, 0))).shape == (0,)
+    assert comm.all_to_all(xp.zeros((size, 0))).shape == (size, 0)
     comm.broadcast(e, size - 1)
-    in_step(comm)
+    in_step(comm, xp)
 
 
 # ---------------------------------------------------------------- threads and timeouts
@@ -337,19 +358,20 @@ def _wait_for(condition, what: str, limit: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def test_two_threads_on_one_communicator(comm):
+@pytest.mark.numpy_only(reason="a recv that blocks the host (on NCCL it returns once queued)")
+def test_two_threads_on_one_communicator(comm, xp):
     if comm.size == 1:
         pytest.skip(
             "at size 1 no call can block while holding the communicator (a recv from "
             "itself is allowed only in a group, whose wait does not hold it)"
         )
-    short = col.init(backend="mpi", timeout=2)
+    short = col.init(backend="mpi", timeout=2, mpi_blocking=False)
     peer = (comm.rank + 1) % comm.size
     errors: list[BaseException] = []
 
     def blocked() -> None:  # every rank waits for a message nobody sends
         try:
-            short.recv(np.zeros(1, np.float32), peer)
+            short.recv(xp.zeros(1, np.float32), peer)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             errors.append(e)
 
@@ -362,7 +384,7 @@ def test_two_threads_on_one_communicator(comm):
         with fails(
             "all_reduce", "in use by another thread", error_type=col.CommunicatorStateError
         ) as caught:
-            short.all_reduce(np.zeros(2, np.float32))
+            short.all_reduce(xp.zeros(2, np.float32))
         message = caught.message
         assert "one thread at a time" in message
         thread.join(30)
@@ -374,21 +396,23 @@ def test_two_threads_on_one_communicator(comm):
     finally:
         thread.join(30)
         short.close()
-    in_step(comm)
+    in_step(comm, xp)
 
 
-def test_collective_that_times_out(comm):
+def test_collective_that_times_out(comm, xp):
+    if comm.size == 1 and comm.backend == "nccl":
+        pytest.skip("at size 1 only a receive from itself with no send can wait: not an NCCL call")
     timeout = 1.5
-    short = col.init(backend="mpi", timeout=timeout)
+    short = col.init(backend=comm.backend, timeout=timeout, mpi_blocking=False)
     try:
         if comm.rank == 0:
             start = time.monotonic()
             with pytest.raises(col.CollectiveTimeoutError) as info:
                 if comm.size == 1:  # the only way to make a call wait at size 1
                     with short.group():
-                        short.recv(np.zeros(1), 0)
-                else:
-                    short.all_reduce(np.zeros(4, np.float32))  # the other ranks never call it
+                        short.recv(xp.zeros(1), 0)
+                else:  # the other ranks never call it
+                    finished(short, "all_reduce", xp.zeros(4, np.float32))
             waited = time.monotonic() - start
             message = str(info.value)
             call = "recv" if comm.size == 1 else "all_reduce"
@@ -398,7 +422,7 @@ def test_collective_that_times_out(comm):
             # A hang guard, not a performance check: the contract is timeout + 2 s.
             assert waited < timeout + 15, f"took {waited:.1f} s to time out"
             for call, fn in (
-                ("all_reduce", lambda: short.all_reduce(np.zeros(4, np.float32))),
+                ("all_reduce", lambda: short.all_reduce(xp.zeros(4, np.float32))),
                 ("barrier", lambda: short.barrier()),
             ):
                 with pytest.raises(col.CollectivesError) as again:
@@ -409,7 +433,7 @@ def test_collective_that_times_out(comm):
                 assert "did not complete" in str(again.value)
     finally:
         short.close()
-    in_step(comm)
+    in_step(comm, xp)
 
 
 def _gpus() -> int:
@@ -421,7 +445,7 @@ def _gpus() -> int:
         return 0
 
 
-def test_nccl_rejects_host_and_wrong_device_arrays(comm):
+def test_nccl_rejects_host_and_wrong_device_arrays(comm, xp):
     gpus = _gpus()
     if gpus < comm.size:
         pytest.skip(f"needs one GPU per rank, found {gpus} for {comm.size} ranks")
@@ -441,4 +465,4 @@ def test_nccl_rejects_host_and_wrong_device_arrays(comm):
         x = cupy.ones(3, cupy.float32)
         g.all_reduce(x)
         assert float(x.sum().get()) == 3 * g.size
-    in_step(comm)
+    in_step(comm, xp)

@@ -1,5 +1,8 @@
 """Every verb x dtype x op against NumPy references: in place and out of place, sync and async.
 
+The arrays passed are of the backend under test (``xp``: NumPy, or CuPy under
+COLLECTIVES_TEST_BACKEND=mpi-cupy and nccl); references are computed on the host.
+
 Each rank's input is a deterministic function of (rank, index), so every rank can compute
 every other rank's input and the reference result. Values are small integers (and products
 of 1s and 2s), exact in every dtype including float16 and bfloat16; only AVG of floating
@@ -8,6 +11,7 @@ types can round, and it is compared with a tolerance of the dtype's precision.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +44,10 @@ COMPLEX_OPS = ("sum", "avg")
 MODES = ("sync", "wait", "synchronize", "poll")
 # (shape, mode): every mode on a 2-D array, then empty, 0-d and 3-D arrays.
 CASES = [((2, 3), mode) for mode in MODES] + [((0,), "sync"), ((), "wait"), ((3, 1, 2), "poll")]
+# On NCCL, Work.wait() orders the caller's current stream after the call without blocking the
+# host, so the call is complete only once the stream has run: is_completed() is checked after
+# synchronize() there.
+STREAM_ORDERED = os.environ.get("COLLECTIVES_TEST_BACKEND") == "nccl"
 # Relative tolerance of AVG for floating dtypes (division by 3 rounds).
 AVG_RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "complex64": 1e-6}
 
@@ -78,7 +86,13 @@ def encode(v: np.ndarray, name: str) -> np.ndarray:
     return v.astype(name)
 
 
-def decode(a: np.ndarray, name: str) -> np.ndarray:
+def host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def decode(a, name: str) -> np.ndarray:
+    a = host(a)
     if name == "bfloat16":
         assert a.dtype == np.uint16
         return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
@@ -104,7 +118,7 @@ def reference(stack: np.ndarray, op: str, name: str) -> np.ndarray:
     return np.trunc(mean) if is_int(name) else mean
 
 
-def check(actual: np.ndarray, expected: np.ndarray, name: str, op: str, what: str) -> None:
+def check(actual, expected: np.ndarray, name: str, op: str, what: str) -> None:
     assert actual.shape == expected.shape, (
         f"{what}: shape {actual.shape}, expected {expected.shape}"
     )
@@ -124,6 +138,8 @@ def finish(ret, mode: str, what: str):
     assert isinstance(ret, col.Work), f"{what}: async_op=True returned {type(ret).__name__}"
     if mode == "wait":
         result = ret.wait()
+        if STREAM_ORDERED:  # wait() ordered the caller's stream after the call, not the host
+            assert ret.synchronize() is result, what
     elif mode == "synchronize":
         result = ret.synchronize()
     else:
@@ -172,7 +188,7 @@ def reduction_cases():
                 yield name, op, shape, mode
 
 
-def test_all_reduce(comm):
+def test_all_reduce(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for i, (name, op, shape, mode) in enumerate(reduction_cases()):
@@ -180,7 +196,7 @@ def test_all_reduce(comm):
         with cases.case(what):
             stack = np.stack([values(name, shape, r, op) for r in range(size)])
             expected = reference(stack, op, name)
-            mine = encode(stack[rank], name)
+            mine = xp.asarray(encode(stack[rank], name))
             asynchronous = mode != "sync"
 
             x = mine.copy()
@@ -190,17 +206,17 @@ def test_all_reduce(comm):
             assert got is x, f"{what}: in place returns x"
             check(x, expected, name, op, what + " in place")
 
-            x, out = mine.copy(), np.zeros_like(mine)
+            x, out = mine.copy(), xp.zeros_like(mine)
             ret = comm.all_reduce(
                 wrap(x, name), op_arg(op, i + 1), out=wrap(out, name), async_op=asynchronous
             )
             assert finish(ret, mode, what) is out
             check(out, expected, name, op, what + " out of place")
-            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+            np.testing.assert_array_equal(host(x), host(mine), err_msg=what + ": x changed")
     cases.check()
 
 
-def test_reduce(comm):
+def test_reduce(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for i, (name, op, shape, mode) in enumerate(reduction_cases()):
@@ -209,7 +225,7 @@ def test_reduce(comm):
         with cases.case(what):
             stack = np.stack([values(name, shape, r, op) for r in range(size)])
             expected = reference(stack, op, name)
-            mine = encode(stack[rank], name)
+            mine = xp.asarray(encode(stack[rank], name))
             asynchronous = mode != "sync"
 
             x = mine.copy()
@@ -219,19 +235,19 @@ def test_reduce(comm):
                 assert got is x
                 check(x, expected, name, op, what + " in place")
 
-            x, out = mine.copy(), np.zeros_like(mine)
+            x, out = mine.copy(), xp.zeros_like(mine)
             ret = comm.reduce(
                 wrap(x, name), root=root, op=op, out=wrap(out, name), async_op=asynchronous
             )
             got = finish(ret, mode, what)
-            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+            np.testing.assert_array_equal(host(x), host(mine), err_msg=what + ": x changed")
             if rank == root:
                 assert got is out
                 check(out, expected, name, op, what + " out of place")
     cases.check()
 
 
-def test_broadcast(comm):
+def test_broadcast(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for i, name in enumerate(DTYPES):
@@ -240,14 +256,14 @@ def test_broadcast(comm):
             what = f"broadcast {name} shape={shape} {mode} root={root}"
             with cases.case(what):
                 expected = values(name, shape, root)
-                x = encode(values(name, shape, rank), name)
+                x = xp.asarray(encode(values(name, shape, rank), name))
                 ret = comm.broadcast(wrap(x, name), root, async_op=mode != "sync")
                 assert finish(ret, mode, what) is x
                 check(x, expected, name, "sum", what)
     cases.check()
 
 
-def test_all_gather(comm):
+def test_all_gather(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for name in DTYPES:
@@ -255,7 +271,7 @@ def test_all_gather(comm):
             what = f"all_gather {name} shape={shape} {mode}"
             with cases.case(what):
                 stack = np.stack([values(name, shape, r) for r in range(size)])
-                mine = encode(stack[rank], name)
+                mine = xp.asarray(encode(stack[rank], name))
                 asynchronous = mode != "sync"
 
                 got = finish(
@@ -263,12 +279,12 @@ def test_all_gather(comm):
                 )
                 check(got, stack, name, "sum", what + " new out")
 
-                out = np.zeros((size, *shape), mine.dtype)
+                out = xp.zeros((size, *shape), mine.dtype)
                 ret = comm.all_gather(wrap(mine, name), out=wrap(out, name), async_op=asynchronous)
                 assert finish(ret, mode, what) is out
                 check(out, stack, name, "sum", what + " out given")
 
-                out = np.zeros((size, *shape), mine.dtype)
+                out = xp.zeros((size, *shape), mine.dtype)
                 out[rank] = mine
                 ret = comm.all_gather(
                     wrap(out[rank, ...], name), out=wrap(out, name), async_op=asynchronous
@@ -278,7 +294,7 @@ def test_all_gather(comm):
     cases.check()
 
 
-def test_reduce_scatter(comm):
+def test_reduce_scatter(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for i, (name, op, shape, mode) in enumerate(reduction_cases()):
@@ -287,7 +303,7 @@ def test_reduce_scatter(comm):
             full = (size, *shape)
             stack = np.stack([values(name, full, r, op) for r in range(size)])
             expected = reference(stack, op, name)[rank]
-            mine = encode(stack[rank], name)
+            mine = xp.asarray(encode(stack[rank], name))
             asynchronous = mode != "sync"
 
             x = mine.copy()
@@ -296,11 +312,11 @@ def test_reduce_scatter(comm):
             )
             check(got, expected, name, op, what + " new out")
 
-            x, out = mine.copy(), np.zeros(shape, mine.dtype)
+            x, out = mine.copy(), xp.zeros(shape, mine.dtype)
             ret = comm.reduce_scatter(wrap(x, name), op, out=wrap(out, name), async_op=asynchronous)
             assert finish(ret, mode, what) is out
             check(out, expected, name, op, what + " out given")
-            np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+            np.testing.assert_array_equal(host(x), host(mine), err_msg=what + ": x changed")
 
             x = mine.copy()
             ret = comm.reduce_scatter(
@@ -311,7 +327,7 @@ def test_reduce_scatter(comm):
     cases.check()
 
 
-def test_all_to_all(comm):
+def test_all_to_all(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for name in DTYPES:
@@ -321,7 +337,7 @@ def test_all_to_all(comm):
                 full = (size, *shape)
                 stack = np.stack([values(name, full, r) for r in range(size)])
                 expected = stack[:, rank]  # out[j] is x[rank] of rank j
-                mine = encode(stack[rank], name)
+                mine = xp.asarray(encode(stack[rank], name))
                 asynchronous = mode != "sync"
 
                 got = finish(
@@ -329,11 +345,11 @@ def test_all_to_all(comm):
                 )
                 check(got, expected, name, "sum", what + " new out")
 
-                x, out = mine.copy(), np.zeros_like(mine)
+                x, out = mine.copy(), xp.zeros_like(mine)
                 ret = comm.all_to_all(wrap(x, name), out=wrap(out, name), async_op=asynchronous)
                 assert finish(ret, mode, what) is out
                 check(out, expected, name, "sum", what + " out given")
-                np.testing.assert_array_equal(x, mine, err_msg=what + ": x changed")
+                np.testing.assert_array_equal(host(x), host(mine), err_msg=what + ": x changed")
 
                 x = mine.copy()
                 ret = comm.all_to_all(wrap(x, name), out=wrap(x, name), async_op=asynchronous)
@@ -342,7 +358,7 @@ def test_all_to_all(comm):
     cases.check()
 
 
-def test_gather(comm):
+def test_gather(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for i, name in enumerate(DTYPES):
@@ -351,7 +367,7 @@ def test_gather(comm):
             what = f"gather {name} shape={shape} {mode} root={root}"
             with cases.case(what):
                 stack = np.stack([values(name, shape, r) for r in range(size)])
-                mine = encode(stack[rank], name)
+                mine = xp.asarray(encode(stack[rank], name))
                 asynchronous = mode != "sync"
 
                 got = finish(comm.gather(wrap(mine, name), root, async_op=asynchronous), mode, what)
@@ -360,7 +376,7 @@ def test_gather(comm):
                 else:
                     assert got is None, f"{what}: returned {got!r} off root"
 
-                out = np.zeros((size, *shape), mine.dtype) if rank == root else None
+                out = xp.zeros((size, *shape), mine.dtype) if rank == root else None
                 ret = comm.gather(
                     wrap(mine, name),
                     root=root,
@@ -373,7 +389,7 @@ def test_gather(comm):
                     check(out, stack, name, "sum", what + " out given")
 
                 if rank == root:
-                    out = np.zeros((size, *shape), mine.dtype)
+                    out = xp.zeros((size, *shape), mine.dtype)
                     out[root] = mine
                     x = out[root, ...]  # a view even when out is 1-D
                 else:
@@ -390,7 +406,7 @@ def test_gather(comm):
     cases.check()
 
 
-def test_scatter(comm):
+def test_scatter(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     for i, name in enumerate(DTYPES):
@@ -402,13 +418,15 @@ def test_scatter(comm):
                 source = values(name, full, root)
                 expected = source[rank]
                 # Off root, x only supplies the shape and dtype: give it different contents.
-                x = encode(source if rank == root else values(name, full, rank + 1), name)
+                x = xp.asarray(
+                    encode(source if rank == root else values(name, full, rank + 1), name)
+                )
                 asynchronous = mode != "sync"
 
                 got = finish(comm.scatter(wrap(x, name), root, async_op=asynchronous), mode, what)
                 check(got, expected, name, "sum", what + " new out")
 
-                out = np.zeros(shape, x.dtype)
+                out = xp.zeros(shape, x.dtype)
                 send = wrap(x, name) if rank == root else None
                 ret = comm.scatter(send, root=root, out=wrap(out, name), async_op=asynchronous)
                 assert finish(ret, mode, what) is out
@@ -423,14 +441,14 @@ def test_scatter(comm):
                     check(x[root, ...], expected, name, "sum", what + " in place (out = x[root])")
                     check(x, source, name, "sum", what + " in place leaves x")
                 else:
-                    out = np.zeros(shape, x.dtype)
+                    out = xp.zeros(shape, x.dtype)
                     ret = comm.scatter(out=wrap(out, name), root=root, async_op=asynchronous)
                     finish(ret, mode, what)
                     check(out, expected, name, "sum", what + " out only")
     cases.check()
 
 
-def test_send_recv_ring_in_group(comm):
+def test_send_recv_ring_in_group(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -438,8 +456,8 @@ def test_send_recv_ring_in_group(comm):
         for shape, mode in CASES:
             what = f"send/recv ring {name} shape={shape} {mode}"
             with cases.case(what):
-                mine = encode(values(name, shape, rank), name)
-                got = np.zeros_like(mine)
+                mine = xp.asarray(encode(values(name, shape, rank), name))
+                got = xp.zeros_like(mine)
                 asynchronous = mode != "sync"
                 with comm.group():
                     sent = comm.send(wrap(mine, name), right, async_op=asynchronous)
@@ -453,7 +471,7 @@ def test_send_recv_ring_in_group(comm):
     cases.check()
 
 
-def test_send_recv_pairs_without_group(comm):
+def test_send_recv_pairs_without_group(comm, xp):
     """Even ranks talk to the next odd rank with plain (unbatched) calls, both directions."""
     cases = Cases()
     size, rank = comm.size, comm.rank
@@ -465,8 +483,8 @@ def test_send_recv_pairs_without_group(comm):
             what = f"send/recv pair {name} shape={shape} {mode}"
             with cases.case(what):
                 asynchronous = mode != "sync"
-                mine = encode(values(name, shape, rank), name)
-                got = np.zeros_like(mine)
+                mine = xp.asarray(encode(values(name, shape, rank), name))
+                got = xp.zeros_like(mine)
                 # Even ranks send first; odd ranks receive first: no deadlock with blocking calls.
                 if rank % 2 == 0:
                     finish(comm.send(wrap(mine, name), peer, async_op=asynchronous), mode, what)
@@ -478,18 +496,18 @@ def test_send_recv_pairs_without_group(comm):
     cases.check()
 
 
-def test_async_calls_overlap(comm):
+def test_async_calls_overlap(comm, xp):
     """Several async calls in flight at once, finished in reverse order."""
     size, rank = comm.size, comm.rank
-    xs = [np.full(5, rank + k, np.int64) for k in range(4)]
+    xs = [xp.full(5, rank + k, np.int64) for k in range(4)]
     works = [comm.all_reduce(x, async_op=True) for x in xs]
-    gathered = comm.all_gather(np.array([rank], np.int32), async_op=True)
+    gathered = comm.all_gather(xp.array([rank], np.int32), async_op=True)
     barrier = comm.barrier(async_op=True)
     assert barrier.synchronize() is None and barrier.is_completed()
-    np.testing.assert_array_equal(gathered.wait(), np.arange(size)[:, None])
+    np.testing.assert_array_equal(host(gathered.wait()), np.arange(size)[:, None])
     for k, work in reversed(list(enumerate(works))):
         assert work.wait() is xs[k]
-        np.testing.assert_array_equal(xs[k], sum(r + k for r in range(size)))
+        np.testing.assert_array_equal(host(xs[k]), sum(r + k for r in range(size)))
 
 
 def test_barrier(comm):

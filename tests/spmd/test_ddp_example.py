@@ -1,4 +1,5 @@
-"""examples/ddp_mlp.py gives the same losses on several ranks as on one, for the same batch."""
+"""examples/ddp_mlp.py gives the same losses on several ranks as on one, for the same batch,
+on arrays of the backend under test (``xp``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ WORLD_SIZES = (1, 2)
 SPMD_TIMEOUT = 240
 
 
-def test_example_same_losses_as_one_process(comm):
+def test_example_same_losses_as_one_process(comm, xp):
     pytest.importorskip("sklearn")
     from examples.ddp_mlp import train
 
-    kwargs = dict(epochs=2, batch=50, hidden=32, lr=0.3, limit=420, log=None)
+    kwargs = dict(epochs=2, batch=50, hidden=32, lr=0.3, limit=420, log=None, xp=xp)
     together = train(comm, **kwargs)
     alone_comm = comm.split(color=comm.rank)  # a world of one: the single-process reference
     try:

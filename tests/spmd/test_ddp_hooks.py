@@ -1,4 +1,7 @@
-"""Communication hooks: accuracy bounds against the exact mean, error feedback, convergence."""
+"""Communication hooks: accuracy bounds against the exact mean, error feedback, convergence.
+
+Parameters and gradients are arrays of the backend under test (``xp``); results are checked
+on the host."""
 
 from __future__ import annotations
 
@@ -13,8 +16,13 @@ SPMD_TIMEOUT = 240
 SHAPES = {"w1": (16, 12), "b1": (12,), "w2": (12, 8), "b2": (8,), "conv": (6, 3, 2, 2)}
 
 
-def make(comm, hook, dtype=np.float32, **kw):
-    params = {k: np.zeros(s, dtype) for k, s in SHAPES.items()}
+def host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def make(comm, hook, xp, dtype=np.float32, **kw):
+    params = {k: xp.zeros(s, dtype) for k, s in SHAPES.items()}
     kw.setdefault("bucket_cap_mb", 600 / 2**20)
     return params, DistributedDataParallel(
         params, comm, hook=hook, first_bucket_cap_mb=100 / 2**20, **kw
@@ -33,22 +41,22 @@ def exact_mean(size, step=0, scale=1.0):
     return {k: sum(p[k] for p in per) / size for k in SHAPES}
 
 
-def reduce_once(ddp, comm, step=0, scale=1.0):
+def reduce_once(ddp, comm, xp, step=0, scale=1.0):
     ddp.zero_grad()
     for k, g in rank_grads(comm.rank, step, scale).items():
-        ddp.grads[k][...] = g
+        ddp.grads[k][...] = xp.asarray(g)
     ddp.finish()
-    return {k: ddp.grads[k].astype(np.float64) for k in SHAPES}
+    return {k: host(ddp.grads[k]).astype(np.float64) for k in SHAPES}
 
 
 @pytest.mark.parametrize(
     "hook, rtol",
     [(hooks.allreduce, 1e-6), (hooks.fp16_compress, 2e-3), (hooks.bf16_compress, 1.6e-2)],
 )
-def test_cast_hooks_accuracy(comm, hook, rtol):
-    _, ddp = make(comm, hook)
+def test_cast_hooks_accuracy(comm, hook, rtol, xp):
+    _, ddp = make(comm, hook, xp)
     assert len(ddp.buckets) > 1
-    got = reduce_once(ddp, comm)
+    got = reduce_once(ddp, comm, xp)
     want = exact_mean(comm.size)
     for k in SHAPES:
         # the error of a rounding is relative to each value's magnitude; bound it by the max
@@ -58,37 +66,37 @@ def test_cast_hooks_accuracy(comm, hook, rtol):
         assert any(np.abs(got[k] - want[k]).max() > 0 for k in SHAPES)  # really compressed
 
 
-def test_fp16_hook_does_not_overflow_in_half_precision(comm):
-    params = {"h": np.zeros(64, np.float16)}
+def test_fp16_hook_does_not_overflow_in_half_precision(comm, xp):
+    params = {"h": xp.zeros(64, np.float16)}
     ddp = DistributedDataParallel(params, comm, hook=hooks.fp16_compress)
     ddp.grads["h"][...] = 60000.0  # near float16's max: a sum before dividing overflows
     ddp.finish()
-    np.testing.assert_allclose(ddp.grads["h"].astype(np.float64), 60000.0, rtol=1e-3)
-    ddp2 = DistributedDataParallel({"h": np.zeros(64, np.float16)}, comm)
+    np.testing.assert_allclose(host(ddp.grads["h"]).astype(np.float64), 60000.0, rtol=1e-3)
+    ddp2 = DistributedDataParallel({"h": xp.zeros(64, np.float16)}, comm)
     ddp2.grads["h"][...] = 60000.0
     ddp2.finish()
-    assert np.isfinite(ddp2.grads["h"]).all()
-    np.testing.assert_allclose(ddp2.grads["h"].astype(np.float64), 60000.0, rtol=1e-3)
+    assert np.isfinite(host(ddp2.grads["h"])).all()
+    np.testing.assert_allclose(host(ddp2.grads["h"]).astype(np.float64), 60000.0, rtol=1e-3)
 
 
-def test_powersgd_full_rank_is_exact(comm):
+def test_powersgd_full_rank_is_exact(comm, xp):
     hook = hooks.PowerSGD(rank=16, start_iter=0, min_compression_rate=0.0)
-    _, ddp = make(comm, hook, dtype=np.float64)
+    _, ddp = make(comm, hook, xp, dtype=np.float64)
     for step in range(2):
-        got = reduce_once(ddp, comm, step)
+        got = reduce_once(ddp, comm, xp, step)
         want = exact_mean(comm.size, step)
         for k in SHAPES:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-9, atol=1e-9, err_msg=k)
 
 
-def test_powersgd_warmup_is_exact_then_compresses(comm):
+def test_powersgd_warmup_is_exact_then_compresses(comm, xp):
     hook = hooks.PowerSGD(rank=1, start_iter=1, min_compression_rate=1.0)
-    _, ddp = make(comm, hook, dtype=np.float64)
-    got = reduce_once(ddp, comm, 0)
+    _, ddp = make(comm, hook, xp, dtype=np.float64)
+    got = reduce_once(ddp, comm, xp, 0)
     want = exact_mean(comm.size, 0)
     for k in SHAPES:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-12, err_msg=k)
-    got = reduce_once(ddp, comm, 1)
+    got = reduce_once(ddp, comm, xp, 1)
     want = exact_mean(comm.size, 1)
     # vectors travel exactly; matrices become rank 1
     np.testing.assert_allclose(got["b1"], want["b1"], rtol=1e-12)
@@ -103,16 +111,16 @@ def test_powersgd_warmup_is_exact_then_compresses(comm):
         (lambda: hooks.Int8Quantize(chunk_size=16), 1e-3),
     ],
 )
-def test_error_feedback_average_converges(comm, hook, bound):
+def test_error_feedback_average_converges(comm, hook, bound, xp):
     """With the same gradient every step, error feedback makes the average of what was
     applied converge to it like 1/steps (without feedback a rank-1 approximation would stay
     off by a constant)."""
-    _, ddp = make(comm, hook(), dtype=np.float64)
+    _, ddp = make(comm, hook(), xp, dtype=np.float64)
     want = exact_mean(comm.size)
     total = {k: np.zeros(s) for k, s in SHAPES.items()}
     errors = []
     for step in range(1, 61):
-        got = reduce_once(ddp, comm, 0)
+        got = reduce_once(ddp, comm, xp, 0)
         for k in SHAPES:
             total[k] += got[k]
         if step in (30, 60):
@@ -124,14 +132,14 @@ def test_error_feedback_average_converges(comm, hook, bound):
             )
     assert errors[1] < 0.65 * errors[0], errors
     assert errors[1] < bound, errors
-    one = reduce_once(ddp, comm, 0)
+    one = reduce_once(ddp, comm, xp, 0)
     assert max(np.abs(one[k] - want[k]).max() for k in SHAPES) > 1e-6  # lossy each step
 
 
-def test_int8_single_step_bound(comm):
+def test_int8_single_step_bound(comm, xp):
     hook = hooks.Int8Quantize(chunk_size=8)
-    _, ddp = make(comm, hook)
-    got = reduce_once(ddp, comm)
+    _, ddp = make(comm, hook, xp)
+    got = reduce_once(ddp, comm, xp)
     want = exact_mean(comm.size)
     biggest = max(np.abs(rank_grads(r)[k]).max() for r in range(comm.size) for k in SHAPES)
     for k in SHAPES:
@@ -143,14 +151,14 @@ def test_int8_single_step_bound(comm):
     "hook",
     [lambda: hooks.PowerSGD(rank=2, start_iter=3), lambda: hooks.Int8Quantize(chunk_size=32)],
 )
-def test_compressed_training_converges(comm, hook):
+def test_compressed_training_converges(comm, hook, xp):
     """Linear least squares, data sharded over ranks: compressed DDP still fits it."""
     rng = np.random.default_rng(0)
     w_true = rng.standard_normal((16, 12)) @ np.diag(np.linspace(1, 0.05, 12))
-    x = rng.standard_normal((96, 16))
-    y = x @ w_true
-    mine = np.array_split(np.arange(96), comm.size)[comm.rank]
-    params = {"w": np.zeros((16, 12)), "b": np.zeros(12)}
+    x = xp.asarray(rng.standard_normal((96, 16)))
+    y = x @ xp.asarray(w_true)
+    mine = xp.asarray(np.array_split(np.arange(96), comm.size)[comm.rank])
+    params = {"w": xp.zeros((16, 12)), "b": xp.zeros(12)}
     ddp = DistributedDataParallel(params, comm, hook=hook())
 
     def loss():

@@ -1,5 +1,5 @@
 """Error cases of DistributedDataParallel, and clip_grad_norm / LocalSGD / LoadBalancer
-over a communicator."""
+over a communicator, on arrays of the backend under test (``xp``)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,21 @@ WORLD_SIZES = (1, 2, 3)
 SPMD_TIMEOUT = 240
 
 
-def params():
-    return {"a.w": np.zeros((3, 2)), "a.b": np.zeros(2), "b.w": np.zeros((2, 2))}
+def params(xp=np):
+    return {"a.w": xp.zeros((3, 2)), "a.b": xp.zeros(2), "b.w": xp.zeros((2, 2))}
 
 
-def test_mismatch_names_first_differing_parameter_on_every_rank(comm):
+def host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def test_mismatch_names_first_differing_parameter_on_every_rank(comm, xp):
     if comm.size == 1:
         pytest.skip("needs two ranks to differ")
-    p = params()
+    p = params(xp)
     if comm.rank == 1:
-        p["a.b"] = np.zeros(3)
+        p["a.b"] = xp.zeros(3)
     with pytest.raises(CollectiveMismatchError) as info:
         DistributedDataParallel(p, comm)
     message = str(info.value)
@@ -31,35 +36,35 @@ def test_mismatch_names_first_differing_parameter_on_every_rank(comm):
     assert "'a.b' shape (2,) dtype float64" in message
 
 
-def test_mismatch_in_count_and_dtype(comm):
+def test_mismatch_in_count_and_dtype(comm, xp):
     if comm.size == 1:
         pytest.skip("needs two ranks to differ")
-    p = params()
+    p = params(xp)
     if comm.rank == comm.size - 1:
-        p["extra"] = np.zeros(1, np.float32)
+        p["extra"] = xp.zeros(1, np.float32)
     with pytest.raises(CollectiveMismatchError, match=r"at parameter 3: .*no parameter.*'extra'"):
         DistributedDataParallel(p, comm)
 
 
-def test_argument_errors(comm):
+def test_argument_errors(comm, xp):
     with pytest.raises(InvalidArgumentError, match="DistributedDataParallel: params is empty"):
         DistributedDataParallel({}, comm)
     with pytest.raises(
         InvalidArgumentError, match=r"params\['i'\] has dtype int64, expected a floating"
     ):
-        DistributedDataParallel({"i": np.zeros(2, np.int64)}, comm)
+        DistributedDataParallel({"i": xp.zeros(2, np.int64)}, comm)
     with pytest.raises(
         InvalidArgumentError, match=f"broadcast_from must be None or in \\[0, {comm.size}\\), got 9"
     ):
-        DistributedDataParallel(params(), comm, broadcast_from=9)
+        DistributedDataParallel(params(xp), comm, broadcast_from=9)
     with pytest.raises(InvalidArgumentError, match="params must be a mapping"):
-        DistributedDataParallel([np.zeros(2)], comm)
+        DistributedDataParallel([xp.zeros(2)], comm)
     with pytest.raises(InvalidArgumentError, match="bucket_cap_mb must be > 0"):
-        DistributedDataParallel(params(), comm, bucket_cap_mb=0)
+        DistributedDataParallel(params(xp), comm, bucket_cap_mb=0)
 
 
-def test_step_errors(comm):
-    ddp = DistributedDataParallel(params(), comm)
+def test_step_errors(comm, xp):
+    ddp = DistributedDataParallel(params(xp), comm)
     with pytest.raises(InvalidArgumentError, match="mark_ready: name 'nope' is not one of the 3"):
         ddp.mark_ready("nope")
     ddp.mark_ready("a.b")
@@ -68,7 +73,7 @@ def test_step_errors(comm):
     with pytest.raises(
         InvalidArgumentError, match="sync_gradients: a mark_ready step is in progress"
     ):
-        ddp.sync_gradients({k: np.zeros_like(v) for k, v in params().items()})
+        ddp.sync_gradients({k: xp.zeros_like(v) for k, v in params(xp).items()})
     ddp.mark_ready("b.w")
     ddp.mark_ready("a.w")  # all marked: the bucket started
     with pytest.raises(
@@ -82,25 +87,25 @@ def test_step_errors(comm):
     with pytest.raises(
         InvalidArgumentError, match=r"sync_gradients: grads\['a.b'\] has shape \(3,\)"
     ):
-        ddp.sync_gradients({**params(), "a.b": np.zeros(3)})
+        ddp.sync_gradients({**params(xp), "a.b": xp.zeros(3)})
     with pytest.raises(InvalidArgumentError, match=r"missing \['b.w'\], unknown \['x'\]"):
-        ddp.sync_gradients({"a.w": np.zeros((3, 2)), "a.b": np.zeros(2), "x": np.zeros(1)})
+        ddp.sync_gradients({"a.w": xp.zeros((3, 2)), "a.b": xp.zeros(2), "x": xp.zeros(1)})
     with pytest.raises(InvalidArgumentError, match="broadcast_buffers: root must be in"):
-        ddp.broadcast_buffers([np.zeros(2)], root=comm.size)
+        ddp.broadcast_buffers([xp.zeros(2)], root=comm.size)
 
 
-def test_clip_grad_norm_sharded_and_replicated(comm):
+def test_clip_grad_norm_sharded_and_replicated(comm, xp):
     full = np.arange(1.0, 13.0)  # the whole model's gradient, sharded over ranks
-    shard = np.array_split(full, comm.size)[comm.rank].copy()
-    bias = np.array([2.0, -1.0])  # replicated on every rank: counts once
+    shard = xp.array(np.array_split(full, comm.size)[comm.rank])
+    bias = xp.array([2.0, -1.0])  # replicated on every rank: counts once
     want = np.sqrt((full**2).sum() + 5.0)
     norm = clip_grad_norm([shard], 1.0, comm, replicated=[bias])
     assert norm == pytest.approx(want)
     scale = 1.0 / (want + 1e-6)
-    np.testing.assert_allclose(shard, np.array_split(full, comm.size)[comm.rank] * scale)
-    np.testing.assert_allclose(bias, [2.0 * scale, -scale])
+    np.testing.assert_allclose(host(shard), np.array_split(full, comm.size)[comm.rank] * scale)
+    np.testing.assert_allclose(host(bias), [2.0 * scale, -scale])
     inf = clip_grad_norm(
-        {"s": np.array_split(-full, comm.size)[comm.rank].copy()},
+        {"s": xp.array(np.array_split(-full, comm.size)[comm.rank])},
         100.0,
         comm,
         norm_type=float("inf"),
@@ -108,8 +113,8 @@ def test_clip_grad_norm_sharded_and_replicated(comm):
     assert inf == 12.0
 
 
-def test_local_sgd_averages_every_period(comm):
-    p = {"w": np.full((2, 3), float(comm.rank)), "b": np.full(3, 2.0 * comm.rank, np.float32)}
+def test_local_sgd_averages_every_period(comm, xp):
+    p = {"w": xp.full((2, 3), float(comm.rank)), "b": xp.full(3, 2.0 * comm.rank, np.float32)}
     local = LocalSGD(p, comm, period=3, broadcast_from=None)
     mean = (comm.size - 1) / 2
     done = []
@@ -118,18 +123,18 @@ def test_local_sgd_averages_every_period(comm):
         done.append(local.step())
         if step == 2:
             # after 3 local steps of +rank: rank + 3 rank = 4 rank, averaged
-            np.testing.assert_allclose(p["w"], 4 * mean)
-            np.testing.assert_allclose(p["b"], 2 * mean)
+            np.testing.assert_allclose(host(p["w"]), 4 * mean)
+            np.testing.assert_allclose(host(p["b"]), 2 * mean)
     assert done == [False, False, True, False, False, True]
     assert local.averages == 2
     with pytest.raises(InvalidArgumentError, match="LocalSGD: period must be an integer >= 1"):
         LocalSGD(p, comm, period=0)
 
 
-def test_local_sgd_starts_from_root(comm):
-    p = [np.full(4, float(comm.rank + 1))]
+def test_local_sgd_starts_from_root(comm, xp):
+    p = [xp.full(4, float(comm.rank + 1))]
     LocalSGD(p, comm, period=2, broadcast_from=0)
-    np.testing.assert_array_equal(p[0], np.ones(4))
+    np.testing.assert_array_equal(host(p[0]), np.ones(4))
 
 
 def test_load_balancer_record(comm):

@@ -1,7 +1,7 @@
 """The NCCL backend on CuPy arrays (skipped where there is no GPU or no NCCL).
 
 At world size 2 this needs two GPUs, or one GPU with NCCL >= 2.30.3 and
-``NCCL_MULTI_RANK_GPU_ENABLE=1``.
+``NCCL_MULTI_RANK_GPU_ENABLE=1`` (the ``nccl_world`` fixture of conftest.py skips otherwise).
 """
 
 from __future__ import annotations
@@ -12,42 +12,12 @@ import numpy as np
 import pytest
 
 import collectives as col
-from collectives._nccl import nccl_unavailable_reason
 
 WORLD_SIZES = (1, 2)
 
 
-def _skip_reason() -> str | None:
-    """Why this world cannot run NCCL here: no GPU or NCCL, or more ranks than GPUs without
-    NCCL's multi-rank-per-GPU mode (NCCL >= 2.30.3 with NCCL_MULTI_RANK_GPU_ENABLE=1)."""
-    reason = nccl_unavailable_reason()
-    if reason is not None:
-        return reason
-    import os
-
-    import cupy
-    from cupy.cuda import nccl
-    from mpi4py import MPI
-
-    ranks_per_gpu = -(-MPI.COMM_WORLD.Get_size() // cupy.cuda.runtime.getDeviceCount())
-    shared = nccl.get_version() >= 23003 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
-    if ranks_per_gpu > 2 or (ranks_per_gpu == 2 and not shared):
-        return (
-            f"{ranks_per_gpu} ranks per GPU need NCCL >= 2.30.3 with "
-            "NCCL_MULTI_RANK_GPU_ENABLE=1 (at most 2 per GPU)"
-        )
-    return None
-
-
-_UNAVAILABLE = nccl_unavailable_reason()
-pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"NCCL backend: {_UNAVAILABLE}")
-_REASON = None if _UNAVAILABLE is not None else _skip_reason()
-
-
 @pytest.fixture
-def nccl():
-    if _REASON is not None:
-        pytest.skip(f"NCCL backend: {_REASON}")
+def nccl(nccl_world):
     comm = col.init(backend="nccl", timeout=60)
     yield comm
     comm.close()

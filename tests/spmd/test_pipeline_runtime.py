@@ -1,4 +1,6 @@
-"""pipeline.run against the unsplit model: same losses and every gradient, each schedule."""
+"""pipeline.run against the unsplit model: same losses and every gradient, each schedule.
+
+Stages hold arrays of the backend under test (``xp``); the references run in NumPy."""
 
 from __future__ import annotations
 
@@ -97,27 +99,28 @@ def test_same_losses_and_gradients_as_unsplit(comm, xp, name, split):
             )
 
 
-def test_interleaved_with_three_chunks_and_trace(comm):
+def test_interleaved_with_three_chunks_and_trace(comm, xp):
     p, m = comm.size, comm.size
     schedule = schedules.interleaved_1f1b(p, m, 3)
     weights = init_weights([WIDTH] * (schedule.stages + 1), np.random.default_rng(2))
     xs, ts = data(m, seed=3)
     _, want_grads = reference(weights, xs, ts, scale=1.0)
-    layers, stages = build(schedule, comm.rank, weights, np, split=False)
+    layers, stages = build(schedule, comm.rank, weights, xp, split=False)
+    inputs = [xp.asarray(x) for x in xs] if comm.rank == 0 else None
+    targets = [xp.asarray(t) for t in ts] if comm.rank == p - 1 else None
     trace: list = []
-    pipeline.run(schedule, comm, stages, inputs=xs if comm.rank == 0 else None,
-                 targets=ts if comm.rank == p - 1 else None, loss_fn=mse, trace=trace)  # fmt: skip
+    pipeline.run(schedule, comm, stages, inputs=inputs, targets=targets, loss_fn=mse, trace=trace)
     assert [str(a) for a, _, _ in trace] == [str(a) for a in schedule.actions[comm.rank]]
     assert all(end >= start for _, start, end in trace)
     for s, layer in layers.items():
-        np.testing.assert_allclose(layer.grad_w, want_grads[s][0], rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(_host(layer.grad_w), want_grads[s][0], rtol=1e-10, atol=1e-14)
 
 
 class TiedOut:
     """Output layer that reuses the input embedding: ``y = x @ E.T``."""
 
     def __init__(self, embedding):
-        self.e, self.grad_e, self.saved = embedding, np.zeros_like(embedding), {}
+        self.e, self.grad_e, self.saved = embedding, embedding * 0, {}
 
     def forward(self, x, mb):
         self.saved[mb] = x
@@ -131,7 +134,7 @@ class TiedOut:
         pass
 
 
-def test_pp_by_dp_with_tied_embedding(comm):
+def test_pp_by_dp_with_tied_embedding(comm, xp):
     if comm.size != 4:
         pytest.skip("pp x dp is tested on 4 ranks (pp=2, dp=2)")
     mesh = col.DeviceMesh(comm, {"pp": 2, "dp": 2})
@@ -150,16 +153,16 @@ def test_pp_by_dp_with_tied_embedding(comm):
 
     schedule = schedules.one_f_one_b(2, m)
     if stage_id == 0:
-        layer = Dense(e.copy(), b0.copy())
+        layer = Dense(xp.array(e), xp.array(b0))
         stage = Chain([layer]).stage(split=False)
         grads = {"e": layer.grad_w, "b0": layer.grad_b}
         tied = [layer.grad_w]
     else:
-        hidden_layer, out = Dense(w1.copy(), b1.copy()), TiedOut(e.copy())
+        hidden_layer, out = Dense(xp.array(w1), xp.array(b1)), TiedOut(xp.array(e))
         stage = Chain([hidden_layer, out]).stage(split=False)
         grads = {"w1": hidden_layer.grad_w, "b1": hidden_layer.grad_b, "e": out.grad_e}
         tied = [out.grad_e]
-    xs, ts = batches[replica]
+    xs, ts = ([xp.asarray(a) for a in arrays] for arrays in batches[replica])
     losses = pipeline.run(schedule, pp, [stage], inputs=xs if stage_id == 0 else None,
                           targets=ts if stage_id == 1 else None, loss_fn=lambda y, t: mse(y, t, 1 / m))  # fmt: skip
     group = pipeline.tied_group(pp)
@@ -167,7 +170,7 @@ def test_pp_by_dp_with_tied_embedding(comm):
     for g in grads.values():
         dp.all_reduce(g, op="avg")
     for name, g in grads.items():
-        np.testing.assert_allclose(g, want[name], rtol=1e-10, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(_host(g), want[name], rtol=1e-10, atol=1e-14, err_msg=name)
     if stage_id == 1:
         np.testing.assert_allclose(losses, want["losses"][replica], rtol=1e-12)
     for c in (group, pp, dp):

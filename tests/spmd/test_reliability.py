@@ -1,4 +1,9 @@
-"""Timeouts, check mode and the flight recorder, across real ranks."""
+"""Timeouts, check mode and the flight recorder, across real ranks.
+
+Every communicator is made on the backend under test (the ``backend`` fixture) and every
+array is of its module (``xp``); the tests of the MPI backend's direct path for NumPy arrays
+are marked ``numpy_only``.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +17,35 @@ import collectives as col
 
 WORLD_SIZES = (2, 3)
 
+# Timeouts raised in the caller need non-blocking MPI calls (mpi_blocking=False): a blocking
+# one cannot be interrupted, and ends the job instead (tests/test_reliability_jobs.py).
 
-def test_stuck_collective_times_out_naming_call_and_missing_ranks(tmp_path, monkeypatch):
+
+def host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def finished(comm, call: str, *args, **kwargs):
+    """Make ``call`` and return once it has completed on this rank (or raise): a synchronous
+    call, except on NCCL, where a synchronous call returns once it is queued on the device, so
+    there the call is made with ``async_op=True`` and its Work synchronized."""
+    if comm.backend == "nccl":
+        return getattr(comm, call)(*args, async_op=True, **kwargs).synchronize()
+    return getattr(comm, call)(*args, **kwargs)
+
+
+def test_stuck_collective_times_out_naming_call_and_missing_ranks(
+    tmp_path, monkeypatch, backend, xp
+):
     monkeypatch.setenv("COLLECTIVES_FLIGHT_RECORDER", str(tmp_path))
-    comm = col.init(timeout=1.0)
-    x = np.ones(3)
-    comm.all_reduce(x)
+    comm = col.init(backend, timeout=1.0, mpi_blocking=False)
+    x = xp.ones(3)
+    finished(comm, "all_reduce", x)
     if comm.rank == 0:
         start = time.monotonic()
         with pytest.raises(col.CollectiveTimeoutError) as info:
-            comm.all_reduce(x)
+            finished(comm, "all_reduce", x)
         waited = time.monotonic() - start
         assert 1.0 <= waited < 3.0  # within timeout + 2 s
         message = str(info.value)
@@ -41,7 +65,7 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(tmp_path, monk
 
 def test_timeout_says_what_each_rank_of_the_node_is_doing():
     # rank 1 skipped the collective and waits in a recv; rank 2 (at 3 ranks) is in no call
-    comm = col.init(backend="mpi", timeout=1.0 if _rank() == 0 else 3.0)
+    comm = col.init(backend="mpi", timeout=1.0 if _rank() == 0 else 3.0, mpi_blocking=False)
     x = np.ones(3)
     comm.all_reduce(x)
     if comm.rank == 0:
@@ -69,17 +93,17 @@ def _rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def test_timeout_on_point_to_point_names_recv():
-    comm = col.init(timeout=0.5)
+def test_timeout_on_point_to_point_names_recv(backend, xp):
+    comm = col.init(backend, timeout=0.5, mpi_blocking=False)
     if comm.rank == 1:
         with pytest.raises(col.CollectiveTimeoutError, match=r"recv #1 \(shape \(2,\), int32\)"):
-            comm.recv(np.empty(2, np.int32), 0)
+            finished(comm, "recv", xp.empty(2, np.int32), 0)
     comm.close()
 
 
 MISMATCHES = {
     "op": (lambda c, x: c.all_reduce(x, op="max" if c.rank else "sum"), "op differs"),
-    "shape": (lambda c, x: c.all_reduce(np.ones(3 + c.rank)), "shape differs"),
+    "shape": (lambda c, x: c.all_reduce(x[: 1 + c.rank].copy()), "shape differs"),
     "dtype": (lambda c, x: c.all_reduce(x.astype(np.float32) if c.rank else x), "dtype differs"),
     "root": (lambda c, x: c.broadcast(x, root=min(c.rank, 1)), "root differs"),
     "call": (lambda c, x: c.all_reduce(x) if c.rank else c.broadcast(x), "call differs"),
@@ -103,12 +127,12 @@ def with_checks_over(comm, path: str):
 
 @pytest.mark.parametrize("path", ["board", "mpi"])
 @pytest.mark.parametrize("kind", sorted(MISMATCHES))
-def test_check_mode_catches_mismatch_on_every_rank(kind, path):
+def test_check_mode_catches_mismatch_on_every_rank(kind, path, backend, xp):
     call, expected = MISMATCHES[kind]
-    comm = with_checks_over(col.init(check=True, timeout=5.0), path)
-    x = np.arange(4.0)
+    comm = with_checks_over(col.init(backend, check=True, timeout=5.0, mpi_blocking=False), path)
+    x = xp.arange(4.0)
     comm.all_reduce(x)  # a matching call passes
-    np.testing.assert_array_equal(x, np.arange(4.0) * comm.size)
+    np.testing.assert_array_equal(host(x), np.arange(4.0) * comm.size)
     if kind == "skipped":
         # Rank 0 skips a barrier: its next call meets the others' barrier.
         with pytest.raises(col.CollectiveMismatchError) as info:
@@ -126,18 +150,18 @@ def test_check_mode_catches_mismatch_on_every_rank(kind, path):
     comm.close()
 
 
-def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_point():
+def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_point(backend, xp):
     """Ranks 0 and 1 exchange messages the others do not make: their next collectives still
     match in check mode, and a stuck one reports by collective, not by call."""
-    comm = col.init(check=True, timeout=1.5)
-    x = np.ones(2)
+    comm = col.init(backend, check=True, timeout=1.5, mpi_blocking=False)
+    x = xp.ones(2)
     for _ in range(2):
         if comm.rank == 0:
             comm.send(x, 1)
         elif comm.rank == 1:
             comm.recv(x, 0)
     comm.all_reduce(x)  # call #3 on ranks 0 and 1, #1 elsewhere: collective #1 everywhere
-    np.testing.assert_array_equal(x, comm.size)
+    np.testing.assert_array_equal(host(x), comm.size)
     comm.broadcast(x, root=comm.size - 1)
     if comm.rank == 0:
         with pytest.raises(col.CollectiveTimeoutError) as info:
@@ -152,34 +176,34 @@ def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_po
 
 
 @pytest.mark.parametrize("path", ["board", "mpi"])
-def test_check_mode_passes_every_matching_verb(path):
-    comm = with_checks_over(col.init(check=True), path)
+def test_check_mode_passes_every_matching_verb(path, backend, xp):
+    comm = with_checks_over(col.init(backend, check=True, mpi_blocking=False), path)
     size, rank = comm.size, comm.rank
-    x = np.full(3, rank, np.float64)
+    x = xp.full(3, rank, np.float64)
     assert comm.all_reduce(x.copy())[0] == sum(range(size))
     comm.reduce(x.copy(), root=size - 1)
     comm.broadcast(x.copy(), root=1)
     assert comm.all_gather(x).shape == (size, 3)
-    assert comm.reduce_scatter(np.ones((size, 2)))[0] == size
-    assert comm.all_to_all(np.ones((size, 2))).shape == (size, 2)
+    assert comm.reduce_scatter(xp.ones((size, 2)))[0] == size
+    assert comm.all_to_all(xp.ones((size, 2))).shape == (size, 2)
     comm.gather(x, root=0)
-    out = comm.scatter(np.ones((size, 2)) if rank == 0 else None, out=np.empty(2), root=0)
+    out = comm.scatter(xp.ones((size, 2)) if rank == 0 else None, out=xp.empty(2), root=0)
     assert out.tolist() == [1.0, 1.0]
     with comm.group():
         comm.send(x, (rank + 1) % size)
-        comm.recv(np.empty(3), (rank - 1) % size)
+        comm.recv(xp.empty(3), (rank - 1) % size)
     comm.barrier()
     # Back to back, a root may finish before the others start: it must not run past a check.
     for i in range(300):
-        y = comm.broadcast(np.full(2, i if rank == i % size else -1), root=i % size)
+        y = comm.broadcast(xp.full(2, i if rank == i % size else -1), root=i % size)
         assert y.tolist() == [i, i]
     comm.close()
 
 
-def test_flight_record_lists_recent_calls():
-    comm = col.init()
+def test_flight_record_lists_recent_calls(backend, xp):
+    comm = col.init(backend, mpi_blocking=False)
     for _ in range(3):
-        comm.all_reduce(np.ones(5, np.float32))
+        comm.all_reduce(xp.ones(5, np.float32))
     comm.barrier()
     record = comm.flight_record()
     assert [(c["seq"], c["call"], c["nbytes"], c["state"]) for c in record] == [
@@ -192,14 +216,14 @@ def test_flight_record_lists_recent_calls():
     comm.close()
 
 
-def test_ranks_may_mix_the_forms_of_one_call():
+def test_ranks_may_mix_the_forms_of_one_call(backend, xp):
     # Synchronous host calls, in place or out of place, go straight to MPI; the same call made
     # async or in a group goes the general way. Both must meet, rank by rank.
-    comm = col.init()
+    comm = col.init(backend, mpi_blocking=False)
     rank, size = comm.rank, comm.size
     expected = np.full(4, sum(range(size)), np.float64)
     for form in range(4):
-        x = np.full(4, rank, np.float64)
+        x = xp.full(4, rank, np.float64)
         mine = (form + rank) % 4
         if mine == 0:
             comm.all_reduce(x)
@@ -209,25 +233,26 @@ def test_ranks_may_mix_the_forms_of_one_call():
             with comm.group():
                 comm.all_reduce(x)
         else:
-            wide = np.zeros(8)
+            wide = xp.zeros(8)
             wide[::2] = rank
-            out = np.empty(4)
-            comm.all_reduce(np.ascontiguousarray(wide[::2]), out=out)
+            out = xp.empty(4)
+            comm.all_reduce(xp.ascontiguousarray(wide[::2]), out=out)
             x = out
-        np.testing.assert_array_equal(x, expected)
-    y = np.full(3, rank, np.int64)
+        np.testing.assert_array_equal(host(x), expected)
+    y = xp.full(3, rank, np.int64)
     if rank % 2:
         comm.broadcast(y, root=size - 1)
     else:
         comm.broadcast(y, size - 1, async_op=True).wait()
-    np.testing.assert_array_equal(y, size - 1)
+    np.testing.assert_array_equal(host(y), size - 1)
     comm.close()
 
 
+@pytest.mark.numpy_only(reason="the direct path of synchronous calls on NumPy arrays")
 def test_a_direct_call_holds_the_communicator_against_other_threads():
     import threading
 
-    comm = col.init(timeout=1.5)
+    comm = col.init("mpi", timeout=1.5, mpi_blocking=False)
     if comm.rank == 0:
         errors: list[BaseException] = []
 
@@ -252,8 +277,9 @@ def test_a_direct_call_holds_the_communicator_against_other_threads():
     comm.close()
 
 
+@pytest.mark.numpy_only(reason="the direct path of synchronous calls on NumPy arrays")
 def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
-    comm = col.init(timeout=30.0)
+    comm = col.init("mpi", timeout=30.0, mpi_blocking=False)
     late = comm.size - 1  # the rank that arrives 0.1 s after the others
     x = np.full(3, comm.rank + 1.0)
     if comm.rank == late:
@@ -273,3 +299,21 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
     waited = record[0] if comm.rank != late else record[1]
     assert waited["duration_s"] >= 0.09
     comm.close()
+
+
+@pytest.mark.parametrize("finish", ["wait", "synchronize"])
+def test_close_with_a_call_in_flight_does_not_lose_it(backend, xp, finish):
+    """Every rank made the call, so closing the communicator before waiting neither hangs nor
+    loses it: the Work still finishes with the result (NCCL drains the stream before it
+    destroys the communicator; MPI frees the communicator once the request has ended)."""
+    comm = col.init(backend, timeout=10.0, mpi_blocking=False)
+    x = xp.full(1 << 18, comm.rank + 1.0)
+    work = comm.all_reduce(x, async_op=True)
+    if comm.rank == comm.size - 1:
+        time.sleep(0.1)  # the call is still in flight on the other ranks when they close
+    start = time.monotonic()
+    comm.close()
+    assert time.monotonic() - start < 10.0
+    assert getattr(work, finish)() is x
+    np.testing.assert_array_equal(host(x[:4]), sum(range(1, comm.size + 1)))
+    assert comm.closed

@@ -31,8 +31,8 @@ def test_shard_gather_round_trip(comm, xp, shape, axis):
     np.testing.assert_array_equal(host(s.gather()), x)
 
 
-def test_ranges_follow_array_split(comm):
-    s = ShardedArray.shard(np.zeros(10), comm)
+def test_ranges_follow_array_split(comm, xp):
+    s = ShardedArray.shard(xp.zeros(10), comm)
     bounds = np.cumsum([0] + [len(p) for p in np.array_split(np.zeros(10), comm.size)])
     assert s.ranges == [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -46,15 +46,15 @@ def test_from_local_assembles_blocks(comm, xp):
     np.testing.assert_array_equal(host(s.gather()), expected)
 
 
-def test_sharded_array_errors(comm):
+def test_sharded_array_errors(comm, xp):
     with pytest.raises(InvalidArgumentError, match=r"axis must be in \[-2, 2\), got 2"):
-        ShardedArray.shard(np.zeros((2, 2)), comm, axis=2)
+        ShardedArray.shard(xp.zeros((2, 2)), comm, axis=2)
     with pytest.raises(InvalidArgumentError, match=r"local has shape \(5,\), expected"):
-        ShardedArray(np.zeros(5), comm, 0, (4 * comm.size,))
+        ShardedArray(xp.zeros(5), comm, 0, (4 * comm.size,))
     if comm.size > 1:
         rows = 2 if comm.rank == comm.size - 1 else 1  # the extra row on the wrong rank
         with pytest.raises(InvalidArgumentError, match="numpy.array_split order"):
-            ShardedArray.from_local(np.zeros((rows, 2)), comm)
+            ShardedArray.from_local(xp.zeros((rows, 2)), comm)
         cols = 3 if comm.rank == 0 else 2
         with pytest.raises(InvalidArgumentError, match="blocks differ outside axis 0"):
-            ShardedArray.from_local(np.zeros((1, cols)), comm)
+            ShardedArray.from_local(xp.zeros((1, cols)), comm)

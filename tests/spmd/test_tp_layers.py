@@ -94,24 +94,24 @@ def test_column_gather_output_and_row_full_input(comm, xp):
     np.testing.assert_allclose(host(row.grad_bias), dy2.sum(0))
 
 
-def test_layer_errors(comm):
+def test_layer_errors(comm, xp):
     size = comm.size
-    w = np.ones((4, 2 * size))
+    w = xp.ones((4, 2 * size))
     with pytest.raises(InvalidArgumentError, match=r"bias has shape \(3,\), expected"):
-        ColumnParallelLinear(w, np.ones(3), comm)
+        ColumnParallelLinear(w, xp.ones(3), comm)
     with pytest.raises(InvalidArgumentError, match="weight has shape"):
-        RowParallelLinear(np.ones(4), None, comm)
+        RowParallelLinear(xp.ones(4), None, comm)
     with pytest.raises(InvalidArgumentError, match="at most one"):
         ColumnParallelLinear(w, None, comm, gather_output=True, sequence_parallel=True)
     with pytest.raises(InvalidArgumentError, match="input_is_parallel=True"):
         RowParallelLinear(w.T, None, comm, input_is_parallel=False, sequence_parallel=True)
     fc = ColumnParallelLinear(w, None, comm)
     with pytest.raises(InvalidArgumentError, match=r"x has shape \(2, 3\), expected \(\.\.\., 4\)"):
-        fc.forward(np.ones((2, 3)))
+        fc.forward(xp.ones((2, 3)))
     with pytest.raises(InvalidArgumentError, match="expected forward"):
-        fc.backward(np.ones((2, 2)))
+        fc.backward(xp.ones((2, 2)))
     if size > 1:
         with pytest.raises(InvalidArgumentError, match="out_features .* multiple of the group"):
-            ColumnParallelLinear(np.ones((4, 2 * size + 1)), None, comm)
+            ColumnParallelLinear(xp.ones((4, 2 * size + 1)), None, comm)
         with pytest.raises(InvalidArgumentError, match="in_features .* multiple of the group"):
-            RowParallelLinear(np.ones((2 * size + 1, 4)), None, comm)
+            RowParallelLinear(xp.ones((2 * size + 1, 4)), None, comm)

@@ -120,21 +120,21 @@ def test_adjoint_identity(comm, xp, mapping, pad):
         "gather_seq",
     ],
 )
-def test_uneven_split_without_pad_is_an_error(comm, call):
+def test_uneven_split_without_pad_is_an_error(comm, xp, call):
     if comm.size == 1:
         pytest.skip("every length divides into one block")
-    x = np.ones((2 * comm.size + 1, 3, 2 * comm.size + 1))
+    x = xp.ones((2 * comm.size + 1, 3, 2 * comm.size + 1))
     with pytest.raises(InvalidArgumentError, match="expected a multiple of the group size"):
         call(x, comm)
 
 
-def test_padded_gather_rejects_blocks_out_of_order(comm):
+def test_padded_gather_rejects_blocks_out_of_order(comm, xp):
     if comm.size == 1:
         pytest.skip("one block is always in order")
     # array_split puts the longer blocks first; here the last rank holds the extra row.
     rows = 2 if comm.rank == comm.size - 1 else 1
     with pytest.raises(InvalidArgumentError, match="numpy.array_split order"):
-        gather_from_sequence.forward(np.ones((rows, 2)), comm, pad=True)
+        gather_from_sequence.forward(xp.ones((rows, 2)), comm, pad=True)
 
 
 def test_each_mapping_documents_forward_and_backward():

@@ -82,22 +82,22 @@ def test_mean_cross_entropy_function(comm, xp):
     np.testing.assert_allclose(host(dlogits), grad_ref[:, 2 * rank : 2 * rank + 2], atol=1e-14)
 
 
-def test_vocab_errors(comm):
+def test_vocab_errors(comm, xp):
     size = comm.size
     ce = VocabParallelCrossEntropy(comm)
     with pytest.raises(InvalidArgumentError, match=r"target has shape \(3,\), expected \(4,\)"):
-        ce.forward(np.zeros((4, 2)), np.zeros(3, dtype=np.int64))
+        ce.forward(xp.zeros((4, 2)), xp.zeros(3, dtype=np.int64))
     with pytest.raises(InvalidArgumentError, match=r"ids must be in \[0, "):
-        ce.forward(np.zeros((1, 2)), np.array([2 * size]))
+        ce.forward(xp.zeros((1, 2)), xp.array([2 * size]))
     with pytest.raises(InvalidArgumentError, match="expected forward"):
-        ce.backward(np.ones(1))
-    emb = VocabParallelEmbedding(np.zeros((2 * size, DIM)), comm)
+        ce.backward(xp.ones(1))
+    emb = VocabParallelEmbedding(xp.zeros((2 * size, DIM)), comm)
     with pytest.raises(InvalidArgumentError, match="expected an integer dtype"):
-        emb.forward(np.zeros(3))
+        emb.forward(xp.zeros(3))
     with pytest.raises(InvalidArgumentError, match=r"ids must be in \[0, "):
-        emb.forward(np.array([-1]))
+        emb.forward(xp.array([-1]))
     with pytest.raises(InvalidArgumentError, match=r"expected \(vocab, dim\)"):
-        VocabParallelEmbedding(np.zeros(4), comm)
+        VocabParallelEmbedding(xp.zeros(4), comm)
     if size > 1:
         with pytest.raises(InvalidArgumentError, match="vocab .* multiple of the group size"):
-            VocabParallelEmbedding(np.zeros((2 * size + 1, DIM)), comm)
+            VocabParallelEmbedding(xp.zeros((2 * size + 1, DIM)), comm)
