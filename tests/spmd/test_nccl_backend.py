@@ -12,8 +12,13 @@ import numpy as np
 import pytest
 
 import collectives as col
+from collectives._nccl import nccl_unavailable_reason
 
 WORLD_SIZES = (1, 2)
+
+# Tests that need NCCL to load but not the world to fit it (the fallback test) skip by this.
+_UNAVAILABLE = nccl_unavailable_reason()
+needs_nccl = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"NCCL backend: {_UNAVAILABLE}")
 
 
 @pytest.fixture
@@ -255,6 +260,7 @@ def test_a_failed_issue_is_in_flight_while_issued_and_gone_after(nccl):
     assert x.get().tolist() == [float(nccl.size)] * 2
 
 
+@needs_nccl
 def test_auto_falls_back_to_mpi_where_ranks_share_a_gpu_nccl_cannot_share(monkeypatch):
     """Defect 4: the decision is shared_gpu_reason's, on every rank alike, and said."""
     import warnings
