@@ -735,7 +735,7 @@ def placement(device: int) -> tuple[str, str, str, str | None, int]:
     import cupy
     from cupy.cuda import nccl
 
-    # NCCL 2.30.3+ tells GPUs apart by UUID (two MIG instances share a bus id).
+    # NCCL 2.30.7+ tells GPUs apart by UUID (two MIG instances share a bus id); before, by bus id.
     uuid = cupy.cuda.runtime.getDeviceProperties(device).get("uuid", b"")
     return (
         socket.gethostname(),

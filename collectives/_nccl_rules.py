@@ -8,6 +8,9 @@ from ._errors import CollectivesError
 #: First NCCL release that can put two ranks on one GPU (``NCCL_MULTI_RANK_GPU_ENABLE=1``);
 #: earlier ones stop communicator creation with "Duplicate GPU detected" (src/init.cc).
 MULTI_RANK_GPU_VERSION = 23003
+#: First NCCL release that tells the GPUs of one host apart by UUID (src/init.cc); 2.30.3 to
+#: 2.30.6 compare PCI bus ids (src/graph/topo.cc, ncclCheckMultiRank).
+UUID_GPU_VERSION = 23007
 
 #: ncclResult_t (nccl.h) by code. CuPy's NcclError names only 0 to 6 and raises KeyError for
 #: the others while building its message.
@@ -37,9 +40,10 @@ def shared_gpu_reason(
     """Why NCCL cannot run with this placement of ranks, or None when it can.
 
     ``placements[r]`` is rank r's (host, GPU PCI bus id, GPU UUID, its
-    ``NCCL_MULTI_RANK_GPU_ENABLE``). As NCCL's src/init.cc decides: before 2.30.3 two ranks
-    of one host on one bus id are refused ("Duplicate GPU detected"); from 2.30.3 two on
-    one UUID are, unless ``NCCL_MULTI_RANK_GPU_ENABLE=1`` (an empty UUID: the bus id).
+    ``NCCL_MULTI_RANK_GPU_ENABLE``). As NCCL decides: before 2.30.3 two ranks of one host on
+    one bus id are refused ("Duplicate GPU detected"); from 2.30.3 two on one GPU are, unless
+    ``NCCL_MULTI_RANK_GPU_ENABLE=1``, where 2.30.3 to 2.30.6 tell GPUs apart by bus id and
+    2.30.7 onwards by UUID (an empty UUID: the bus id).
 
     Example:
         >>> shared_gpu_reason([("n1", "0000:01:00.0", "", "1")] * 2, 23003) is None
@@ -48,9 +52,10 @@ def shared_gpu_reason(
         'ranks 0 and 1 share GPU 0000:01:00.0 on '
     """
     multi = version >= MULTI_RANK_GPU_VERSION
+    by_uuid = version >= UUID_GPU_VERSION
     seen: dict[tuple[str, str], int] = {}
     for rank, (host, bus, uuid, _) in enumerate(placements):
-        first = seen.setdefault((host, (uuid or bus) if multi else bus), rank)
+        first = seen.setdefault((host, (uuid or bus) if by_uuid else bus), rank)
         if first == rank:
             continue
         where = f"ranks {first} and {rank} share GPU {bus} on {host}"

@@ -17,6 +17,7 @@ from collectives._mpi import MpiBackend
 from collectives._nccl import NcclBackend, completion_event
 from collectives._nccl_rules import (
     MULTI_RANK_GPU_VERSION,
+    UUID_GPU_VERSION,
     nccl_error,
     shared_gpu_reason,
     version_string,
@@ -45,12 +46,21 @@ def test_a_shared_gpu_from_2_30_3_needs_the_variable_on_every_rank():
     assert shared_gpu_reason([("n1", GPU_A, "u1", "0")] * 2, 23007) is not None
 
 
-def test_gpus_are_told_apart_by_bus_id_before_2_30_3_and_by_uuid_from_it():
+def test_gpus_are_told_apart_by_bus_id_before_2_30_7_and_by_uuid_from_it():
     mig = [("n1", GPU_A, "u1", None), ("n1", GPU_A, "u2", None)]  # two MIG instances
     assert shared_gpu_reason(mig, 22907) is not None  # "Duplicate GPU detected"
-    assert shared_gpu_reason(mig, MULTI_RANK_GPU_VERSION) is None
+    for version in (MULTI_RANK_GPU_VERSION, 23004, 23006):  # ncclCheckMultiRank: bus ids
+        why = shared_gpu_reason(mig, version)
+        assert why is not None and "NCCL_MULTI_RANK_GPU_ENABLE is not 1 on rank 0" in why
+    assert shared_gpu_reason([(*p[:3], "1") for p in mig], 23006) is None
+    assert UUID_GPU_VERSION == 23007
+    assert shared_gpu_reason(mig, UUID_GPU_VERSION) is None
+    assert shared_gpu_reason(mig, 23100) is None
     no_uuid = [("n1", GPU_A, "", None)] * 2
-    assert shared_gpu_reason(no_uuid, MULTI_RANK_GPU_VERSION) is not None
+    assert shared_gpu_reason(no_uuid, UUID_GPU_VERSION) is not None
+    one_uuid_two_buses = [("n1", GPU_A, "u1", None), ("n1", GPU_B, "u1", None)]
+    assert shared_gpu_reason(one_uuid_two_buses, 23006) is None
+    assert shared_gpu_reason(one_uuid_two_buses, UUID_GPU_VERSION) is not None
 
 
 def test_the_same_bus_id_on_two_hosts_is_two_gpus():
