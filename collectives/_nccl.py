@@ -36,7 +36,7 @@ from ._errors import (
     invalid,
     state_error,
 )
-from ._nccl_rules import nccl_error
+from ._nccl_rules import cuda_error, event_query_done, nccl_error
 from ._ops import ReduceOp
 from ._work import Pending, timeout_error
 
@@ -97,8 +97,14 @@ class NcclPending(Pending):
         self.held = False  # launched at the end of this thread's group
 
     def test(self) -> bool:
-        if not self.done and self.event is not None and self.event.done:
-            self._complete()
+        if not self.done and self.event is not None:
+            try:
+                finished = _event_done(self.event)
+            except self.backend.cupy.cuda.runtime.CUDARuntimeError as e:
+                self.backend.fail(cuda_error(self.call, e))
+                return False
+            if finished:
+                self._complete()
         return self.done
 
     def as_dict(self) -> dict:
@@ -214,12 +220,19 @@ class NcclBackend:
         self._abort_now(comm)
 
     def _abort_now(self, comm: Any) -> None:
+        """Abort ``comm``, taken from ``self.comm`` by this thread. Only the thread that took
+        the communicator stops the watchdog, once ``_drained`` is recorded: another that
+        finds it gone (None) leaves the arrays to it."""
+        if comm is None:
+            return
         try:
-            if comm is not None:
-                with self.cupy.cuda.Device(self.device):
-                    comm.abort()
-                    # Completes once everything queued before the abort has left the stream.
+            with self.cupy.cuda.Device(self.device):
+                try:  # completes once what was queued before the abort has left the stream
                     self._drained = self.stream.record(self._event())
+                finally:
+                    comm.abort()
+        except Exception as e:  # the failure is recorded already: say this one, go on
+            sys.stderr.write(f"collectives: rank {self.rank}: aborting NCCL failed: {e}\n")
         finally:
             self._stop.set()  # the watchdog releases the arrays once _drained completes
 
@@ -270,10 +283,14 @@ class NcclBackend:
 
     def _check(self) -> None:
         now = time.monotonic()
-        with self._lock:
-            self._in_flight = [e for e in self._in_flight if not _finished(e[0])]
-            launched = [p for p, _ in self._in_flight if p.event is not None]
-            entered = self._entered
+        try:
+            with self._lock:
+                self._in_flight = [e for e in self._in_flight if not _finished(e[0])]
+                launched = [p for p, _ in self._in_flight if p.event is not None]
+                entered = self._entered
+        except self.cupy.cuda.runtime.CUDARuntimeError as e:  # a fault: the device is lost
+            self.fail(cuda_error("watchdog", e))
+            return
         # A host thread stuck in NCCL (a lazy connect to a missing peer) is timed from when
         # it entered; launched calls from when they were issued (the list is in issue order).
         if entered is not None and (waited := overdue(entered[0], self.timeout, now)):
@@ -314,10 +331,13 @@ class NcclBackend:
         left the stream, so that CuPy's pool cannot hand them out while a kernel still
         writes them. If that never happens within the timeout, they are kept for good."""
         drained, start = self._drained, time.monotonic()
-        while drained is not None and not drained.done:
-            if overdue(start, self.timeout) is not None:
-                return
-            time.sleep(WATCHDOG_PERIOD_S)
+        try:
+            while drained is not None and not _event_done(drained):
+                if overdue(start, self.timeout) is not None:
+                    return
+                time.sleep(WATCHDOG_PERIOD_S)
+        except self.cupy.cuda.runtime.CUDARuntimeError:
+            return  # the device has failed: what it holds stays held
         with self._lock:
             self._in_flight.clear()
 
@@ -339,6 +359,15 @@ class NcclBackend:
                     f"{arg} is on device {a.device.id}, expected device "
                     f"{self.device} (the communicator's)",
                 )
+
+    def _polled(self, event: Any, call: str) -> bool:
+        """Whether ``event`` has completed; a CUDA error fails the backend (and says no).
+        Not under ``_lock`` (``fail`` takes it)."""
+        try:
+            return _event_done(event)
+        except self.cupy.cuda.runtime.CUDARuntimeError as e:
+            self.fail(cuda_error(call, e))
+            return False
 
     def _event(self) -> Any:
         """A completion event; no timing (cheaper). The caller has made our device current."""
@@ -391,8 +420,12 @@ class NcclBackend:
     def _prune(self) -> None:
         """Mark finished calls completed (in the caller's thread: the flight recorder and
         the timeline are not the watchdog's to touch)."""
-        with self._lock:
-            finished = [p for p, _ in self._in_flight if _finished(p)]
+        try:
+            with self._lock:
+                finished = [p for p, _ in self._in_flight if _finished(p)]
+        except self.cupy.cuda.runtime.CUDARuntimeError as e:
+            self.fail(cuda_error("a call in flight", e))
+            return
         for p in finished:
             p.test()
 
@@ -589,7 +622,7 @@ class NcclBackend:
         with self.cupy.cuda.Device(self.device):
             drained = self.stream.record(self._event())
         start = time.monotonic()
-        while not drained.done:
+        while not self._polled(drained, call):
             self.raise_if_failed()
             if (waited := overdue(start, self.timeout)) is not None:
                 self.fail(
@@ -646,14 +679,15 @@ class NcclBackend:
         timeout (a peer that never arrives must not hang ``close``)."""
         with self._lock:
             comm, self.comm = self.comm, None
-        if comm is None:
-            self._stop.set()
+        if comm is None:  # taken by an abort, which stops the watchdog once it is through
             return
         with self.cupy.cuda.Device(self.device):
             drained = self.stream.record(self._event())
             start = time.monotonic()
-            while not drained.done:
-                if overdue(start, self.timeout) is not None:
+            while not self._polled(drained, "close"):
+                # A failure declared meanwhile (the watchdog's timeout, a CUDA error) found no
+                # communicator to abort: abort it here rather than wait out the timeout.
+                if self._error is not None or overdue(start, self.timeout) is not None:
                     comm.abort()
                     break
                 time.sleep(1e-3)
@@ -704,7 +738,16 @@ def end_group(nccl: Any) -> None:
 
 def _finished(pending: NcclPending) -> bool:
     event = pending.event
-    return event is not None and event.done
+    return event is not None and _event_done(event)
+
+
+def _event_done(event: Any) -> bool:
+    """Whether a ``cupy.cuda.Event`` has completed. CuPy's ``Event.done`` is
+    ``eventQuery(ptr) == 0``, which after a kernel fault says "not yet" for ever; this
+    raises ``CUDARuntimeError`` for a status other than success or not-ready."""
+    from cupy.cuda import runtime
+
+    return event_query_done(runtime.eventQuery(event.ptr), runtime.CUDARuntimeError)
 
 
 def create_communicator(bootstrap: Bootstrap, device: int) -> Any:

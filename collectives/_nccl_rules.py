@@ -3,6 +3,8 @@ GPU can run NCCL, and how NCCL's errors (as CuPy raises them) become ours."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ._errors import CollectivesError
 
 #: First NCCL release that can put two ranks on one GPU (``NCCL_MULTI_RANK_GPU_ENABLE=1``);
@@ -72,6 +74,36 @@ def shared_gpu_reason(
             )
         return None
     return None
+
+
+#: cudaEventQuery's results that are not errors: complete, and not yet complete.
+CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
+
+
+def event_query_done(status: int, error: Callable[[int], Exception]) -> bool:
+    """Whether ``cudaEventQuery``'s ``status`` says the event has completed. Any status other
+    than success or not-ready is a CUDA error (after a kernel fault every query returns it,
+    e.g. 700): raise ``error(status)`` rather than report it as "not yet".
+
+    Example:
+        >>> event_query_done(600, RuntimeError)
+        False
+    """
+    if status == CUDA_SUCCESS:
+        return True
+    if status == CUDA_ERROR_NOT_READY:
+        return False
+    raise error(status)
+
+
+def cuda_error(call: str, error: BaseException) -> CollectivesError:
+    """A :class:`CollectivesError` for a CUDA error met while waiting on NCCL's stream.
+
+    Example:
+        >>> str(cuda_error("all_reduce", RuntimeError("cudaErrorIllegalAddress: ...")))
+        'all_reduce: CUDA failed on the collectives stream: cudaErrorIllegalAddress: ...'
+    """
+    return CollectivesError(f"{call}: CUDA failed on the collectives stream: {error}")
 
 
 def nccl_error(call: str, error: BaseException) -> CollectivesError:

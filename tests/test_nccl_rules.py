@@ -18,6 +18,8 @@ from collectives._nccl import NcclBackend, completion_event
 from collectives._nccl_rules import (
     MULTI_RANK_GPU_VERSION,
     UUID_GPU_VERSION,
+    cuda_error,
+    event_query_done,
     nccl_error,
     shared_gpu_reason,
     version_string,
@@ -96,6 +98,28 @@ def test_nccl_errors_and_others_become_collectives_errors():
     assert isinstance(other, col.CollectivesError) and "split" in str(other)
     already = col.InvalidArgumentError("recv: peer")
     assert nccl_error("recv", already) is already
+
+
+class FakeCudaError(RuntimeError):
+    def __init__(self, status):
+        super().__init__(f"cudaError {status}")
+        self.status = status
+
+
+def test_an_event_query_is_done_not_yet_or_a_cuda_error():
+    assert event_query_done(0, FakeCudaError) is True
+    assert event_query_done(600, FakeCudaError) is False  # cudaErrorNotReady
+    for status in (700, 719, 1):  # illegal address, launch failure, invalid value
+        with pytest.raises(FakeCudaError) as raised:
+            event_query_done(status, FakeCudaError)
+        assert raised.value.status == status
+
+
+def test_a_cuda_error_becomes_a_collectives_error_that_names_it():
+    error = cuda_error("all_reduce", FakeCudaError(700))
+    assert isinstance(error, col.CollectivesError)
+    assert not isinstance(error, col.CollectiveTimeoutError)
+    assert str(error) == "all_reduce: CUDA failed on the collectives stream: cudaError 700"
 
 
 def test_group_state_holds_calls_until_the_outermost_end():
