@@ -275,10 +275,13 @@ class NcclBackend:
         except Exception:
             pass
         while not self._stop.wait(WATCHDOG_PERIOD_S):
-            if self._error is None:
-                self._check()
-            elif not self._warned_host_hang and self._entered is not None:
-                self._warn_host_hang()
+            try:
+                if self._error is None:
+                    self._check()
+                elif not self._warned_host_hang and self._entered is not None:
+                    self._warn_host_hang()
+            except Exception as e:  # never die silently: the failure aborts, and we go on
+                self.fail(nccl_error("watchdog", e))
         self._release_arrays()
 
     def _check(self) -> None:
