@@ -653,7 +653,8 @@ class NcclBackend:
         # Otherwise, it might cause a deadlock."
         self._drain("split")
         child_boot = self.bootstrap.child(child_mpi)
-        # One choice for all ranks: commSplit is collective over the parent.
+        # One choice for all ranks: commSplit is collective over the parent. _can_split
+        # excludes a CuPy or NCCL without it (CuPy's "not available in this version").
         use_split = all(self.bootstrap.allgather(self._can_split()))
         child = None
         if use_split:
@@ -661,10 +662,8 @@ class NcclBackend:
             try:
                 with self.cupy.cuda.Device(self.device):
                     child = self.comm.commSplit(-1 if color is None else color, key)
-            except Exception as e:
-                if isinstance(e, self.nccl.NcclError) or not isinstance(e, RuntimeError):
-                    raise nccl_error("split", e) from e
-                use_split = False  # "ncclCommSplit is not available in this version"
+            except Exception as e:  # the other ranks are in ncclCommSplit: no fallback here
+                raise nccl_error("split", e) from e
             finally:
                 self._leave()
         if not use_split and child_boot is not None:
