@@ -63,6 +63,7 @@ class Communicator:
         self.mpi_comm = mpi_comm
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
+        self._world_ranks = _world_ranks(mpi_comm, self.size)
         self._progress: ProgressBoard | None = ProgressBoard(mpi_comm)
         self.local_rank: int = self._progress.local_rank
         self._progress_slots, self._progress_slot = self._progress.slots, self.local_rank
@@ -307,10 +308,11 @@ class Communicator:
             yield self
             return
         self._usable("group")
+        # First: a group_start that raises must leave no group open on this communicator.
+        self._impl.group_start()
         self._group_owner = threading.get_ident()
         self._group = []
         self._fast = None
-        self._impl.group_start()
         failed = True
         try:
             yield self
@@ -377,13 +379,10 @@ class Communicator:
         return self._unusable is not None
 
     def mpi_comm_world_ranks(self) -> list[int]:
-        """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order."""
-        try:
-            return MPI.Group.Translate_ranks(
-                self.mpi_comm.Get_group(), list(range(self.size)), MPI.COMM_WORLD.Get_group()
-            )
-        except Exception:
-            return list(range(self.size))
+        """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order.
+        Computed at creation: a watchdog thread reads it, and MPI may be called from
+        other threads only under ``MPI_THREAD_MULTIPLE``."""
+        return list(self._world_ranks)
 
     def _post_waiting(self, pending) -> Any:
         """Say on the progress board which call this rank waits in; the board, or None."""
@@ -570,6 +569,19 @@ class Communicator:
         if not is_slot(part, whole, self.rank):
             overlap_check(call, x, out)
         return out
+
+
+def _world_ranks(mpi_comm: MPI.Comm, size: int) -> list[int]:
+    """The ``MPI.COMM_WORLD`` ranks of ``mpi_comm``'s members, in rank order."""
+    try:
+        group, world = mpi_comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(group, list(range(size)), world))
+        finally:
+            group.Free()
+            world.Free()
+    except Exception:
+        return list(range(size))
 
 
 def _cores() -> int:
