@@ -210,6 +210,18 @@ def test_a_call_on_another_communicator_inside_a_group_completes_at_its_end(nccl
         other.close()
 
 
+def _short_timeout_after_warm_up(timeout: float = 2.0) -> col.Communicator:
+    """A communicator whose first call (NCCL's lazy connect, slow with two ranks on one GPU)
+    ran under a long timeout; from now on its calls time out after ``timeout`` seconds."""
+    import cupy
+
+    comm = col.init(backend="nccl", timeout=60)
+    comm.all_reduce(cupy.ones(1024, cupy.float32))  # every rank: the connections exist
+    comm.stream.synchronize()
+    comm.timeout = comm._impl.timeout = timeout  # the front end's (messages) and the backend's
+    return comm
+
+
 def test_a_timeout_aborts_and_releases_the_arrays_only_after_the_stream_drains(nccl):
     """Defect 2: past the timeout the communicator is aborted (never under a thread inside
     NCCL), and the arrays of the call stay referenced until the stream is idle."""
@@ -217,9 +229,8 @@ def test_a_timeout_aborts_and_releases_the_arrays_only_after_the_stream_drains(n
 
     if nccl.size < 2:
         pytest.skip("needs a peer that does not arrive")
-    comm = col.init(backend="nccl", timeout=2.0)
+    comm = _short_timeout_after_warm_up()
     x = cupy.ones(1024, cupy.float32)
-    comm.all_reduce(x)  # every rank: the connections exist before the hang below
     impl = comm._impl
     if comm.rank == 0:
         with pytest.raises(col.CollectiveTimeoutError, match="did not complete"):
@@ -388,3 +399,84 @@ def test_sync_calls_complete_in_the_flight_recorder_and_events_have_no_timing(nc
     event = work._pending.event
     with pytest.raises(cupy.cuda.runtime.CUDARuntimeError):
         cupy.cuda.get_elapsed_time(event, event)  # cudaEventDisableTiming
+
+
+def test_close_during_a_timeout_aborts_once_and_releases_the_arrays_after_the_drain(nccl):
+    """close() holds the communicator while the watchdog finds the call overdue: the
+    watchdog's failure aborts nothing and stops nothing; close() sees it, aborts, and the
+    arrays go only once what was queued before the abort has left the stream."""
+    import cupy
+
+    if nccl.size < 2:
+        pytest.skip("needs a peer that does not arrive")
+    comm = _short_timeout_after_warm_up()
+    impl = comm._impl
+    if comm.rank == 0:
+        x = cupy.ones(1024, cupy.float32)
+        comm.all_reduce(x, async_op=True)  # rank 1 never joins
+        start = time.monotonic()
+        comm.close()
+        assert time.monotonic() - start < 30
+        assert impl.comm is None and impl._drained is not None
+        impl._watchdog.join(30)
+        assert not impl._watchdog.is_alive()
+        assert impl._in_flight == []
+    else:
+        time.sleep(4.0)
+        comm.abort()
+
+
+def test_an_exception_in_the_watchdog_fails_the_communicator_and_ends_the_thread(nccl):
+    import cupy
+
+    comm = col.init(backend="nccl", timeout=60)
+    impl = comm._impl
+
+    def broken():
+        raise ValueError("broken check")
+
+    impl._check = broken
+    impl._watchdog.join(10)
+    assert not impl._watchdog.is_alive()  # it failed the backend, aborted and released
+    assert isinstance(impl.failure, col.CollectivesError)
+    assert "watchdog" in str(impl.failure) and "broken check" in str(impl.failure)
+    with pytest.raises(col.CollectivesError, match="broken check"):
+        comm.all_reduce(cupy.ones(2))
+    comm.abort()
+
+
+def test_an_error_from_comm_split_raises_on_every_rank_without_a_fallback(nccl):
+    """Where every rank can split, an error from ncclCommSplit is this rank's error: no
+    fallback that would leave the other ranks inside ncclCommSplit."""
+    impl = nccl._impl
+    if not impl._can_split():
+        pytest.skip("this CuPy or NCCL has no ncclCommSplit")
+
+    class NoSplit:
+        def __init__(self, comm):
+            self.comm = comm
+
+        def commSplit(self, color, key):
+            raise RuntimeError("ncclCommSplit is not available in this version")
+
+        def __getattr__(self, name):
+            return getattr(self.comm, name)
+
+    real = impl.comm
+    impl.comm = NoSplit(real)
+    try:
+        with pytest.raises(col.CollectivesError, match="split: .*not available"):
+            nccl.split(0)
+    finally:
+        impl.comm = real
+    nccl.barrier()
+
+
+def test_event_done_says_true_once_an_event_completes(nccl):
+    import cupy
+
+    from collectives._nccl import _event_done
+
+    event = nccl.stream.record(cupy.cuda.Event(disable_timing=True))
+    nccl.stream.synchronize()
+    assert _event_done(event) is True
