@@ -354,9 +354,9 @@ class Communicator:
         """Free the communicator. Idempotent; every rank should call it."""
         if isinstance(self._unusable, _Closed):
             return
+        self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
         self._unusable = _Closed("communicator is closed")
         self._fast = None
-        self._impl.close()
         self._free_mpi()
 
     def abort(self) -> None:

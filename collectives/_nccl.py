@@ -382,9 +382,15 @@ class NcclBackend:
             self.cupy.cuda.get_current_stream(self.device).wait_event(event)
 
     def _launch(
-        self, call: str, arrays: tuple, issue: Callable[[int], None], blocking: bool = False
+        self,
+        call: str,
+        arrays: tuple,
+        issue: Callable[[int], None],
+        blocking: bool = False,
+        then: Callable[[], None] | None = None,
     ) -> NcclPending:
-        """Order after the caller's stream, issue the NCCL calls, record completion."""
+        """Order after the caller's stream, issue the NCCL calls, queue ``then`` (work on the
+        stream that follows them: at the group's end inside one), record completion."""
         pending = NcclPending(self, blocking)
         array = arrays[0] if arrays and arrays[0] is not None else None
         # For a message while issuing; the front end fills in the final entry afterwards.
@@ -404,6 +410,17 @@ class NcclBackend:
                 if caller.ptr != self.stream.ptr:
                     self.stream.wait_event(caller.record(self._event()))
                 issue(self.stream.ptr)
+            except Exception as e:
+                error = self._error or nccl_error(call, e)
+                self._forget([pending], error)
+                self._leave()
+                raise error from e
+            try:
+                if then is not None and state.open:
+                    state.then(self, then)
+                elif then is not None:
+                    with self.stream:
+                        then()
                 if state.open:
                     pending.held = True
                     state.hold(self, pending)
@@ -412,13 +429,26 @@ class NcclBackend:
                 else:
                     pending.event = self.stream.record(self._event())
             except Exception as e:
-                error = self._error or nccl_error(call, e)
-                self._forget([pending], error)
-                raise error from e
+                # The NCCL calls are enqueued and the peers take part in them: the call stays
+                # in flight (its arrays with it) until the stream passes it, and its result is
+                # not what was asked for, so the communicator fails.
+                error = nccl_error(call, e)
+                self._failed_after_issue(pending, error)
+                raise (self._error or error) from e
             finally:
                 self._leave()
         self.raise_if_failed()
         return pending
+
+    def _failed_after_issue(self, pending: NcclPending, error: CollectivesError) -> None:
+        """Keep ``pending`` in flight with an event after what was enqueued (where one can be
+        recorded), and fail: the abort waits for this thread to leave NCCL."""
+        if pending.event is None and not pending.held:
+            try:
+                pending.event = self.stream.record(self._event())
+            except Exception:
+                pass  # no event: the entry stays until the abort's drain releases it
+        self.fail(error)
 
     def _prune(self) -> None:
         """Mark finished calls completed (in the caller's thread: the flight recorder and
@@ -439,42 +469,41 @@ class NcclBackend:
     def _op(self, op: ReduceOp) -> int:
         return NCCL_OP[ReduceOp.SUM if op is ReduceOp.AVG and not self.has_avg else op]
 
-    def _avg_fallback(self, op: ReduceOp, out: Any) -> None:
-        """NCCL before 2.10 has no ncclAvg: divide on the stream, inside the issued work."""
+    def _avg_fallback(self, op: ReduceOp, out: Any) -> Callable[[], None] | None:
+        """NCCL before 2.10 has no ncclAvg: the division that follows the reduction on the
+        stream (``_launch``'s ``then``), or None."""
         if op is ReduceOp.AVG and not self.has_avg:
             from ._mpi import divide_in_place
 
-            state = groups.current()
-            if state.open:  # the reduction itself is launched at the group's end
-                state.then(self, lambda: divide_in_place(out, self.size))
-                return
-            with self.stream:
-                divide_in_place(out, self.size)
+            return lambda: divide_in_place(out, self.size)
+        return None
 
     # Each verb: (x, out, name, op, root) -> NcclPending. Everything a verb enqueues goes
-    # through ``issue``, so that the completion event is recorded after all of it.
+    # through ``issue`` (NCCL) and ``then`` (what follows it), so that the completion event is
+    # recorded after all of it.
 
     def all_reduce(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
         count, dtype = self._count(x, name)
         code = self._op(op)
 
-        def issue(s: int) -> None:
-            self.comm.allReduce(x.data.ptr, out.data.ptr, count, dtype, code, s)
-            self._avg_fallback(op, out)
-
-        return self._launch("all_reduce", (x, out), issue)
+        return self._launch(
+            "all_reduce",
+            (x, out),
+            lambda s: self.comm.allReduce(x.data.ptr, out.data.ptr, count, dtype, code, s),
+            then=self._avg_fallback(op, out),
+        )
 
     def reduce(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
         count, dtype = self._count(x, name)
         code = self._op(op)
         target = x if out is None else out
 
-        def issue(s: int) -> None:
-            self.comm.reduce(x.data.ptr, target.data.ptr, count, dtype, code, root, s)
-            if out is not None:
-                self._avg_fallback(op, out)
-
-        return self._launch("reduce", (x, target), issue)
+        return self._launch(
+            "reduce",
+            (x, target),
+            lambda s: self.comm.reduce(x.data.ptr, target.data.ptr, count, dtype, code, root, s),
+            then=None if out is None else self._avg_fallback(op, out),
+        )
 
     def broadcast(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
         count, dtype = self._count(x, name)
@@ -496,11 +525,12 @@ class NcclBackend:
         count, dtype = self._count(out, name)
         code = self._op(op)
 
-        def issue(s: int) -> None:
-            self.comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, code, s)
-            self._avg_fallback(op, out)
-
-        return self._launch("reduce_scatter", (x, out), issue)
+        return self._launch(
+            "reduce_scatter",
+            (x, out),
+            lambda s: self.comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, code, s),
+            then=self._avg_fallback(op, out),
+        )
 
     def all_to_all(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
         in_place = out is x
@@ -516,19 +546,21 @@ class NcclBackend:
                 target = self.cupy.empty_like(out)
         count, dtype = self._count(x[0], name) if x.shape[0] else (0, NCCL_TYPE[name])
 
-        def issue(s: int) -> None:
-            self._grouped_p2p(
+        def copy_back() -> None:  # on the stream, after the exchange
+            out[...] = target
+
+        return self._launch(
+            "all_to_all",
+            (x, out, target),
+            lambda s: self._grouped_p2p(
                 s,
                 [(x[j], j) for j in range(self.size)],
                 [(target[j], j) for j in range(self.size)],
                 count,
                 dtype,
-            )
-            if in_place:
-                with self.stream:
-                    out[...] = target
-
-        return self._launch("all_to_all", (x, out, target), issue)
+            ),
+            then=copy_back if in_place else None,
+        )
 
     def gather(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
         count, dtype = self._count(x, name)
@@ -679,6 +711,8 @@ class NcclBackend:
     def close(self) -> None:
         """Destroy once the work in flight has finished; abort if it has not within the
         timeout (a peer that never arrives must not hang ``close``)."""
+        if groups.current().open:  # NCCL would defer the destroy (or abort) to the group's end
+            raise state_error("close", "inside comm.group(); close after the with-block")
         with self._lock:
             comm, self.comm = self.comm, None
         if comm is None:  # taken by an abort, which stops the watchdog once it is through

@@ -480,3 +480,42 @@ def test_event_done_says_true_once_an_event_completes(nccl):
     event = nccl.stream.record(cupy.cuda.Event(disable_timing=True))
     nccl.stream.synchronize()
     assert _event_done(event) is True
+
+
+def test_a_failure_after_the_nccl_call_is_enqueued_keeps_the_arrays_and_fails(nccl, monkeypatch):
+    """The reduction is on the stream (every rank's, so the peers complete it) when the
+    division of the AVG fallback raises: the call stays in flight until the stream passes
+    it, and the communicator fails."""
+    import cupy
+
+    import collectives._mpi
+
+    def broken(out, size):
+        raise MemoryError("no memory for the division")
+
+    comm = col.init(backend="nccl", timeout=60)
+    impl = comm._impl
+    monkeypatch.setattr(impl, "has_avg", False)
+    monkeypatch.setattr(collectives._mpi, "divide_in_place", broken)
+    x = cupy.ones(1 << 20, cupy.float32)
+    with pytest.raises(col.CollectivesError, match="all_reduce: .*no memory for the division"):
+        comm.all_reduce(x, op="avg")
+    assert impl.failure is not None and impl.comm is None  # aborted once the call left NCCL
+    impl._watchdog.join(30)
+    assert not impl._watchdog.is_alive() and impl._in_flight == []
+    with pytest.raises(col.CollectivesError, match="unusable after an earlier error"):
+        comm.all_reduce(x)
+    comm.abort()
+
+
+def test_close_inside_another_communicators_group_is_refused(nccl):
+    import cupy
+
+    other = col.init(backend="nccl", timeout=60)
+    with nccl.group():
+        with pytest.raises(col.CommunicatorStateError, match="close: inside comm.group"):
+            other.close()
+    x = cupy.ones(2)
+    other.all_reduce(x)  # still open
+    assert x.get().tolist() == [float(other.size)] * 2
+    other.close()
