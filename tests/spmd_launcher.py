@@ -48,9 +48,9 @@ def _family(launcher: str) -> str:
 
 
 # Variables by which a launcher tells its ranks which job they belong to (Open MPI and PMIx,
-# Hydra and PMI, Intel MPI's). An mpiexec that inherits them, from a test runner started
-# inside a job or from an MPI singleton's environment, tries to join that job and fails
-# (Open MPI's exits 1 without a word). MCA parameters are settings, and are kept.
+# Hydra and PMI, Intel MPI's). An mpiexec must not inherit them from a test runner started
+# inside a job or from an MPI singleton's environment, or it may take itself for part of that
+# job instead of starting its own. MCA parameters are settings, and are kept.
 _JOB_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_", "PMI_", "HYDRA_", "I_MPI_INFO_",
                  "I_MPI_HYDRA_UUID", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")  # fmt: skip
 _SETTINGS = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_ALLOW_RUN_AS_ROOT")
