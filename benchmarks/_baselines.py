@@ -42,13 +42,36 @@ class Mpi4pyBaseline:
         self.MPI = MPI
         self.comm = mpi_comm.Dup()
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+        self._supported: dict[tuple[str, str | None], bool] = {}
+
+    def _supports(self, dtype: np.dtype, redop: str | None) -> bool:
+        """Whether this MPI has ``dtype`` (and ``redop`` on it): float16 is MPI 4.1's
+        MPI_SHORT_FLOAT or MPICH's MPIX_C_FLOAT16, and Open MPI 4 has neither. Tried once on
+        this rank alone, since every rank runs the same library."""
+        key = (dtype.str, redop)
+        if key not in self._supported:
+            x = np.ones(1, dtype)
+            y = np.empty_like(x)
+            self_comm = self.MPI.COMM_SELF
+            try:
+                if redop is None:
+                    self_comm.Sendrecv(x, 0, 0, y, 0, 0)
+                else:
+                    self_comm.Allreduce(x, y, self.ops[redop])
+                self._supported[key] = True
+            except (self.MPI.Exception, KeyError, ValueError):
+                self._supported[key] = False
+        return self._supported[key]
 
     def build(self, case: Case) -> Built | None:
         m, IN_PLACE = self.comm, self.MPI.IN_PLACE
         s, r, b, root = case.send, case.recv, case.buf, case.root
         mpi_op = self.ops.get(case.redop)
-        if case.op in ("all_reduce", "reduce", "reduce_scatter") and mpi_op is None:
+        reducing = case.op in _REDUCING
+        if reducing and mpi_op is None:
             return None  # MPI has no average
+        if not self._supports(case.dtype, case.redop if reducing else None):
+            return None  # N/A in the table: this MPI has no such datatype or reduction
         if case.op == "all_reduce":
             f = m.Allreduce
             if case.inplace:

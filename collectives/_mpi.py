@@ -26,7 +26,21 @@ def _mpi_type(name: str):
     return getattr(MPI, name, MPI.DATATYPE_NULL)
 
 
-_HAS_FLOAT16 = _mpi_type("FLOAT16_T") != MPI.DATATYPE_NULL
+def _reduces_float16() -> bool:
+    """Whether this MPI sums float16 natively. A non-null ``MPI.FLOAT16_T`` is not enough:
+    Open MPI 4.1 gives one that every call then rejects (``MPI_ERR_TYPE``)."""
+    t = _mpi_type("FLOAT16_T")
+    if t == MPI.DATATYPE_NULL:
+        return False
+    ones, out = np.ones(2, np.float16), np.zeros(2, np.float16)
+    try:
+        MPI.COMM_SELF.Allreduce([ones, t], [out, t], MPI.SUM)
+    except MPI.Exception:
+        return False
+    return bool((out == ones).all())
+
+
+_HAS_FLOAT16 = _reduces_float16()
 
 #: dtype name -> MPI datatype that moves (and, unless in UPCAST, reduces) it
 MPI_TYPE = {

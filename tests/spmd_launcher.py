@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,60 @@ def mpiexec() -> str:
     if found is None:
         raise RuntimeError("no mpiexec found: pip install mpich (or the test extra)")
     return found
+
+
+def mpi_family(launcher: str | None = None) -> str:
+    """``"mpich"``, ``"openmpi"`` or ``"impi"``: which MPI the launcher belongs to, read from
+    ``mpiexec --version`` (asking mpi4py would initialise MPI in this process)."""
+    return _family(launcher or mpiexec())
+
+
+@functools.cache
+def _family(launcher: str) -> str:
+    version = subprocess.run(
+        [launcher, "--version"], capture_output=True, text=True, timeout=60,
+        env=_without_job_variables(os.environ),
+    ).stdout  # fmt: skip
+    if "Open MPI" in version or "OpenRTE" in version:
+        return "openmpi"
+    if "Intel(R) MPI" in version:
+        return "impi"
+    return "mpich"
+
+
+# Variables by which a launcher tells its ranks which job they belong to (Open MPI and PMIx,
+# Hydra and PMI, Intel MPI's). An mpiexec must not inherit them from a test runner started
+# inside a job or from an MPI singleton's environment, or it may take itself for part of that
+# job instead of starting its own. MCA parameters are settings, and are kept.
+_JOB_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_", "PMI_", "HYDRA_", "I_MPI_INFO_",
+                 "I_MPI_HYDRA_UUID", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")  # fmt: skip
+_SETTINGS = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_ALLOW_RUN_AS_ROOT")
+
+# What each MPI needs to start a test job here: Open MPI refuses root (CI runs as root) and
+# more ranks than cores (the suite runs up to 4 ranks, on 2 cores in CI) unless told.
+_NEEDS = {
+    "openmpi": {
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    },
+}
+
+
+def _without_job_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: v for k, v in environ.items()
+        if not k.startswith(_JOB_PREFIXES) or k.startswith(_SETTINGS)
+    }  # fmt: skip
+
+
+def mpi_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for an ``mpiexec`` started by a test: this process's, without another
+    job's variables, plus what this MPI needs to start here, plus ``extra``."""
+    env = _without_job_variables(os.environ)
+    env.update(_NEEDS.get(mpi_family(), {}))
+    env.update(extra or {})
+    return env
 
 
 @dataclass
@@ -63,8 +119,7 @@ def run_spmd(
 ) -> SpmdResult:
     """Run ``pytest target`` on ``size`` ranks; kill the whole job past ``timeout`` seconds."""
     with tempfile.TemporaryDirectory() as report_dir:
-        run_env = dict(os.environ, SPMD_REPORT_DIR=report_dir, PYTHONUNBUFFERED="1")
-        run_env.update(env or {})
+        run_env = mpi_env({"SPMD_REPORT_DIR": report_dir, "PYTHONUNBUFFERED": "1", **(env or {})})
         cmd = [mpiexec(), "-n", str(size), sys.executable, "-m", "pytest", "-q", "-p",
                "no:cacheprovider", str(target), *pytest_args]
         proc = subprocess.Popen(cmd, cwd=REPO, env=run_env, stdout=subprocess.PIPE,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spmd_launcher import REPO, mpiexec
+from tests.spmd_launcher import REPO, mpi_env, mpiexec
 
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
        "gather", "scatter", "sendrecv")  # fmt: skip
@@ -38,7 +38,7 @@ def _launch(n: int, argv: list[str], tmp_path: Path) -> subprocess.CompletedProc
     try:
         proc = subprocess.run(
             [mpiexec(), "-n", str(n), sys.executable, *argv],
-            cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+            cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=TIMEOUT,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"benchmark hung on {n} ranks (killed after {TIMEOUT} s): {exc.output}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spmd_launcher import REPO, mpiexec
+from tests.spmd_launcher import REPO, mpi_env, mpiexec
 
 RAISES_ON_RANK_1 = """
 import collectives as col, numpy as np
@@ -30,7 +29,7 @@ def _job(tmp_path: Path, script: str, size: int, env: dict, timeout: float = 60)
     proc = subprocess.run(
         [mpiexec(), "-n", str(size), sys.executable, str(path)],
         cwd=REPO,
-        env={**os.environ, **env},
+        env=mpi_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -287,8 +287,8 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
     comm.all_reduce(x)
     np.testing.assert_array_equal(x, sum(range(1, comm.size + 1)))
     y = np.full(2, float(comm.rank))
-    if comm.rank != late:
-        time.sleep(0.1)
+    if comm.rank == late:
+        time.sleep(0.1)  # the root is late: the others cannot have its data before it sends
     comm.broadcast(y, root=late)
     np.testing.assert_array_equal(y, late)
     record = comm.flight_record()
@@ -296,8 +296,11 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
         ("all_reduce", "completed"),
         ("broadcast", "completed"),
     ]
-    waited = record[0] if comm.rank != late else record[1]
-    assert waited["duration_s"] >= 0.09
+    # Only waits that MPI promises: everyone waits for the last contribution to a reduction,
+    # and receivers for the root of a broadcast. A root may return as soon as its data is on
+    # its way (Open MPI's does), so the late rank's calls have no lower bound.
+    if comm.rank != late:
+        assert [c["duration_s"] >= 0.09 for c in record] == [True, True], record
     comm.close()
 
 
