@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ._errors import CollectiveMismatchError
+from ._errors import CollectiveMismatchError, CollectiveTimeoutError
 from ._mpi import MpiPending
 from ._work import Pending
 
@@ -89,8 +89,16 @@ class Checker:
     def verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks make this call.
 
-        ``seq`` numbers collectives only: point-to-point calls are not compared.
+        ``seq`` numbers collectives only: point-to-point calls are not compared. A check that
+        times out makes the communicator dead, as the call itself would have.
         """
+        try:
+            self._verify(seq, call, array, name, op, root)
+        except CollectiveTimeoutError as e:
+            self.comm._fatal(e)
+            raise
+
+    def _verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         shape = None if array is None else array.shape
         if call == "scatter" and root == self.rank and shape is not None:
             shape = shape[1:]  # root holds the whole (size, *shape) array

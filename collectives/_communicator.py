@@ -23,7 +23,7 @@ from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
 from ._check import POINT_TO_POINT
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
-from ._errors import CollectivesError, invalid, state_error
+from ._errors import CollectivesError, CollectiveTimeoutError, invalid, state_error
 from ._mpi import MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
@@ -405,8 +405,12 @@ class Communicator:
         pending = MpiPending(request, args, self._impl.in_flight)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
-        pending._waited(self)  # yield now: this call has already polled for yield_after
-        pending.synchronize(self)
+        try:
+            pending._waited(self)  # yield now: this call has already polled for yield_after
+            pending.synchronize(self)
+        except CollectivesError as e:
+            self._fatal(e)
+            raise
 
     def _run(self, call, verb, x, out, name, op, root, async_op, result):
         if self._unusable is not None:
@@ -475,9 +479,12 @@ class Communicator:
             raise
 
     def _fatal(self, error: CollectivesError) -> None:
-        """A backend raises the error that ended it (and keeps it as ``failure``): from then
-        on this communicator is dead too."""
-        if error is getattr(self._impl, "failure", None):
+        """A wait that timed out, or a backend that raises the error that ended it (and keeps
+        it as ``failure``): from then on this communicator is dead too. Backends raise; only
+        the front end declares the communicator dead."""
+        if isinstance(error, CollectiveTimeoutError) or error is getattr(
+            self._impl, "failure", None
+        ):
             self._die(error)
 
     def _die(self, error: CollectivesError) -> None:

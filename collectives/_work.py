@@ -64,14 +64,14 @@ class Pending:
 
     def _waited(self, comm: Any) -> None:
         """For host-side waits that poll, every 256 polls: past ``comm.yield_after`` seconds
-        yield the core, past 1 s sleep between polls, past the timeout declare the
-        communicator dead."""
+        yield the core, past 1 s sleep between polls, past the timeout raise
+        ``CollectiveTimeoutError`` (the front end then declares the communicator dead)."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:
             if not self.posted:  # a wait that lasts: say on the progress board what it is in
                 self.posted = comm._post_waiting(self)
             if overdue(self.start, comm.timeout, self.start + waited) is not None:
-                comm._die(timeout_error(comm, self, waited))
+                raise timeout_error(comm, self, waited)
             if waited > 1.0:
                 time.sleep(1e-3)
             else:
