@@ -351,9 +351,13 @@ class Communicator:
         )
 
     def close(self) -> None:
-        """Free the communicator. Idempotent; every rank should call it."""
+        """Free the communicator, once the calls in flight have finished (waiting at most the
+        timeout for them). Idempotent; every rank should call it."""
         if isinstance(self._unusable, _Closed):
             return
+        drain = getattr(self._impl, "drain", None)
+        if drain is not None and self._unusable is None:
+            drain(self)
         self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
         self._unusable = _Closed("communicator is closed")
         self._fast = None
@@ -526,7 +530,9 @@ class Communicator:
         if self._progress is not None:
             self._progress.close()
             self._progress = None
-        if self.mpi_comm != MPI.COMM_NULL:
+        # A communicator with calls still in flight is left to MPI_Finalize: freeing it under
+        # a pending collective crashes Open MPI when the request is next tested.
+        if self.mpi_comm != MPI.COMM_NULL and not getattr(self._impl, "unfinished", False):
             self.mpi_comm.Free()
         if self._checker is not None:
             self._checker.close()

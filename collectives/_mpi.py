@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from ._arrays import array_module, is_device_array, is_slot
 from ._dtypes import COMPLEX, NAME_OF_CHAR
+from ._errors import CollectiveTimeoutError
 from ._ops import BY_NAME, ReduceOp
 from ._work import Pending
 
@@ -233,12 +234,15 @@ class MpiPending(Pending):
 _ABANDONED: list[MpiPending] = []
 
 
-def abandon(pendings: set) -> None:
+def abandon(pendings: set) -> int:
     """Keep the arrays of ``pendings`` alive past their communicator, for as long as MPI runs
-    them (their ``finish`` is never run: nobody waits for these results any more)."""
+    them (their ``finish`` is never run: nobody waits for these results any more). Returns
+    how many of them MPI has not finished."""
     _ABANDONED[:] = [p for p in _ABANDONED if not p.request.Test()]
-    _ABANDONED.extend(p for p in pendings if not p.done and not p.request.Test())
+    kept = [p for p in pendings if not p.done and not p.request.Test()]
+    _ABANDONED.extend(kept)
     pendings.clear()
+    return len(kept)
 
 
 class MpiBackend:
@@ -257,6 +261,8 @@ class MpiBackend:
         self.blocking = blocking_by_default() if blocking is None else blocking
         self.in_flight: set[MpiPending] = set()
         self._reap_at = _REAP_AT
+        #: calls were left in flight at a close or abort: the MPI communicator is not freed
+        self.unfinished = False
 
     # Each verb: (x, out, name, op, root) -> MpiPending.
 
@@ -394,9 +400,18 @@ class MpiBackend:
             return None, {}
         return MpiBackend(child, self.cuda_aware, self.blocking), {}
 
+    def drain(self, comm: Any) -> None:
+        """Finish the calls in flight before a close (under the timeout: a call that never
+        completes is abandoned by the close instead)."""
+        for pending in list(self.in_flight):
+            try:
+                pending.synchronize(comm)
+            except CollectiveTimeoutError:
+                return
+
     def close(self) -> None:
-        # The Communicator frees the MPI communicator, which MPI defers past calls in flight.
-        abandon(self.in_flight)
+        self.abort()
 
     def abort(self) -> None:
-        abandon(self.in_flight)
+        # What MPI has not finished keeps its arrays, and its communicator (see ``unfinished``).
+        self.unfinished = abandon(self.in_flight) > 0 or self.unfinished

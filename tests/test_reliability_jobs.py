@@ -62,10 +62,10 @@ def test_keyboard_interrupt_is_reported_once_and_aborts(tmp_path):
 
 
 def test_abort_on_exception_can_be_turned_off(tmp_path):
-    # Off, rank 0 is left to its own timeout, which then ends it with a clear error.
-    proc, output, elapsed = _raising_job(
-        tmp_path, "RuntimeError", {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}, timeout=3
-    )
+    # Off, rank 0 is left to its own timeout, which then ends it with a clear error (raised:
+    # non-blocking calls, as a blocking one would be ended by the watchdog's abort).
+    env = {"COLLECTIVES_ABORT_ON_EXCEPTION": "0", "COLLECTIVES_MPI_BLOCKING": "0"}
+    proc, output, elapsed = _raising_job(tmp_path, "RuntimeError", env, timeout=3)
     assert "aborting the job" not in output
     assert "CollectiveTimeoutError" in output, output
     assert elapsed >= 3
