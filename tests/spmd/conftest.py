@@ -20,7 +20,7 @@ errors) are marked ``numpy_only`` and skip under the CuPy backends.
 
 from __future__ import annotations
 
-import functools
+import collections
 import json
 import os
 import time
@@ -46,37 +46,35 @@ BACKEND = "nccl" if TEST_BACKEND == "nccl" else "mpi"  # what col.init is given
 CUPY = TEST_BACKEND != "mpi"  # whether the tests' arrays are CuPy arrays
 
 
-def _local_size() -> int:
-    """Ranks on this node (collective: every rank calls it, at import)."""
+def _nccl_unusable_reason() -> str | None:
+    """Why this job's ranks cannot run NCCL here, by the library's own rule (the one
+    ``init`` applies), or None when they can. Collective: every rank calls it, at import."""
+    from collectives._nccl import choose_device, nccl_unavailable_reason, placement
+    from collectives._nccl_rules import shared_gpu_reason
+
     local = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    size = local.Get_size()
+    local_rank = local.Get_rank()
     local.Free()
-    return size
-
-
-LOCAL_SIZE = _local_size()
-
-
-@functools.cache
-def nccl_unusable_reason() -> str | None:
-    """Why this job's ranks cannot run NCCL here: no GPU or NCCL, or more ranks per GPU than
-    NCCL allows (two need NCCL >= 2.30.3 with NCCL_MULTI_RANK_GPU_ENABLE=1); None when they can."""
-    from collectives._nccl import nccl_unavailable_reason
-
-    reason = nccl_unavailable_reason()
-    if reason is not None:
-        return reason
-    import cupy
-    from cupy.cuda import nccl
-
-    ranks_per_gpu = -(-LOCAL_SIZE // cupy.cuda.runtime.getDeviceCount())
-    shared = nccl.get_version() >= 23003 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
-    if ranks_per_gpu > 2 or (ranks_per_gpu == 2 and not shared):
-        return (
-            f"{ranks_per_gpu} ranks per GPU need NCCL >= 2.30.3 with "
-            "NCCL_MULTI_RANK_GPU_ENABLE=1 (at most 2 per GPU)"
-        )
+    found: tuple | str | None = nccl_unavailable_reason()
+    if found is None:
+        try:
+            found = placement(choose_device(None, local_rank))
+        except Exception as e:
+            found = f"{type(e).__name__}: {e}"
+    everyone = WORLD.allgather(found)
+    problems = [f for f in everyone if isinstance(f, str)]
+    if problems:
+        return problems[0]
+    why = shared_gpu_reason([f[:4] for f in everyone], min(f[4] for f in everyone))
+    if why is not None:
+        return why
+    per_gpu = max(collections.Counter(f[:2] for f in everyone).values())
+    if per_gpu > 2:  # NCCL's multi-rank mode is documented for two ranks per GPU
+        return f"{per_gpu} ranks on one GPU; NCCL's multi-rank mode takes at most 2"
     return None
+
+
+NCCL_UNUSABLE = _nccl_unusable_reason()
 
 
 def _cupy_unusable_reason() -> str | None:
@@ -94,7 +92,7 @@ def _cupy_unusable_reason() -> str | None:
         gpus = 0
     if gpus < 1:
         return f"{where}: no CUDA device"
-    reason = nccl_unusable_reason() if TEST_BACKEND == "nccl" else None
+    reason = NCCL_UNUSABLE if TEST_BACKEND == "nccl" else None
     return None if reason is None else f"{where}: {reason}"
 
 
@@ -140,9 +138,8 @@ def backend() -> str:
 @pytest.fixture
 def nccl_world() -> None:
     """Skips the test where this job's ranks cannot run the NCCL backend here."""
-    reason = nccl_unusable_reason()
-    if reason is not None:
-        pytest.skip(f"NCCL backend: {reason}")
+    if NCCL_UNUSABLE is not None:
+        pytest.skip(f"NCCL backend: {NCCL_UNUSABLE}")
 
 
 @pytest.fixture
