@@ -113,6 +113,44 @@ def _unwrap(x: Any, call: str, arg: str) -> tuple[Any, str]:
     return array, name
 
 
+def as_given(result: Any, name: str, x: Any, out: Any = None) -> Any:
+    """What a call hands back, in the dtype the caller passed.
+
+    bfloat16 travels as uint16 bits. Where the caller passed an array of a bfloat16 dtype
+    (ml_dtypes' on NumPy, CuPy's should it gain one), the result is the caller's own array
+    when the call wrote there, or the array the call allocated seen with that dtype; an
+    ``as_bfloat16`` call gets uint16 bits back, as it passed them.
+
+    Example:
+        >>> x = np.ones(2, ml_dtypes.bfloat16)
+        >>> comm.all_gather(x).dtype  # bfloat16, not uint16
+    """
+    if name != "bfloat16" or result is None:
+        return result
+    for given in (out, x):
+        if isinstance(given, BFloat16Array):
+            if given.array is result:
+                return result
+        elif _same_memory(given, result):
+            return given
+    dtype = getattr(x, "dtype", None)
+    return result.view(dtype) if _is_bfloat16_dtype(dtype) else result
+
+
+def _same_memory(given: Any, result: Any) -> bool:
+    """True when ``result`` is a view of all of ``given`` (an array of a bfloat16 dtype)."""
+    return (
+        (isinstance(given, np.ndarray) or is_device_array(given))
+        and _is_bfloat16_dtype(given.dtype)
+        and given.shape == result.shape
+        and _address(given) == _address(result)
+    )
+
+
+def _is_bfloat16_dtype(dtype: Any) -> bool:
+    return isinstance(dtype, np.dtype) and dtype.name == "bfloat16"
+
+
 def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tuple) -> None:
     """``out`` must match ``x``'s dtype and array module, and have ``shape``."""
     if out_name != x_name:

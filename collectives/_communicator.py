@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _direct, _timeline
-from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
+from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
 from ._check import POINT_TO_POINT
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
@@ -160,11 +160,15 @@ class Communicator:
             result = _direct.all_reduce(self, fast, x, op, out)
             if result is not NotImplemented:
                 return result
+        given = x, out
         x, name = unwrap(x, "all_reduce")
         rop = BY_NAME.get(op) if type(op) is str else None
         op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
         out = x if out is None else self._out("all_reduce", out, x, name, x.shape)
-        return self._run("all_reduce", self._impl.all_reduce, x, out, name, op, None, async_op, out)
+        result = as_given(out, name, *given)
+        return self._run(
+            "all_reduce", self._impl.all_reduce, x, out, name, op, None, async_op, result
+        )
 
     def reduce(
         self,
@@ -176,15 +180,18 @@ class Communicator:
         async_op: bool = False,
     ) -> Any:
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
+        given = x, out
         x, name = unwrap(x, "reduce")
         self._root("reduce", root)
         op = self._op("reduce", op, name)
         if self.rank != root:
             if out is not None:
                 self._out("reduce", out, x, name, x.shape)
-            return self._run("reduce", self._impl.reduce, x, None, name, op, root, async_op, x)
+            result = as_given(x, name, *given)
+            return self._run("reduce", self._impl.reduce, x, None, name, op, root, async_op, result)
         out = x if out is None else self._out("reduce", out, x, name, x.shape)
-        return self._run("reduce", self._impl.reduce, x, out, name, op, root, async_op, out)
+        result = as_given(out, name, *given)
+        return self._run("reduce", self._impl.reduce, x, out, name, op, root, async_op, result)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
@@ -193,16 +200,21 @@ class Communicator:
             result = _direct.broadcast(self, fast, x, root)
             if result is not NotImplemented:
                 return result
+        given = x
         x, name = unwrap(x, "broadcast")
         self._root("broadcast", root)
         out = x if self.rank != root else None  # the root's x is only read
-        return self._run("broadcast", self._impl.broadcast, x, out, name, None, root, async_op, x)
+        result = as_given(x, name, given)
+        return self._run(
+            "broadcast", self._impl.broadcast, x, out, name, None, root, async_op, result
+        )
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[r]`` is rank r's ``x``; ``out.shape == (size, *x.shape)``.
 
         ``x`` may be ``out[rank]`` itself (the in-place form).
         """
+        given = x, out
         x, name = unwrap(x, "all_gather")
         shape = (self.size, *x.shape)
         out = (
@@ -210,14 +222,16 @@ class Communicator:
             if out is None
             else self._slot_out("all_gather", out, x, name, shape)
         )
+        result = as_given(out, name, *given)
         return self._run(
-            "all_gather", self._impl.all_gather, x, out, name, None, None, async_op, out
+            "all_gather", self._impl.all_gather, x, out, name, None, None, async_op, result
         )
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
     ) -> Any:
         """``out`` (shape ``x.shape[1:]``) is the reduction over ranks of ``x[rank]``."""
+        given = x, out
         x, name = unwrap(x, "reduce_scatter")
         self._leading("reduce_scatter", x)
         op = self._op("reduce_scatter", op, name)
@@ -226,30 +240,35 @@ class Communicator:
             out = self._new(x, shape)
         else:
             out = self._slot_out("reduce_scatter", out, x, name, shape, out_is_part=True)
+        result = as_given(out, name, *given)
         return self._run(
-            "reduce_scatter", self._impl.reduce_scatter, x, out, name, op, None, async_op, out
+            "reduce_scatter", self._impl.reduce_scatter, x, out, name, op, None, async_op, result
         )
 
     def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
+        given = x, out
         x, name = unwrap(x, "all_to_all")
         self._leading("all_to_all", x)
         out = (
             self._new(x, x.shape) if out is None else self._out("all_to_all", out, x, name, x.shape)
         )
+        result = as_given(out, name, *given)
         return self._run(
-            "all_to_all", self._impl.all_to_all, x, out, name, None, None, async_op, out
+            "all_to_all", self._impl.all_to_all, x, out, name, None, None, async_op, result
         )
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
+        given = x, out
         x, name = unwrap(x, "gather")
         self._root("gather", root)
         if self.rank != root:
             return self._run("gather", self._impl.gather, x, None, name, None, root, async_op, None)
         shape = (self.size, *x.shape)
         out = self._new(x, shape) if out is None else self._slot_out("gather", out, x, name, shape)
-        return self._run("gather", self._impl.gather, x, out, name, None, root, async_op, out)
+        result = as_given(out, name, *given)
+        return self._run("gather", self._impl.gather, x, out, name, None, root, async_op, result)
 
     def scatter(
         self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False
@@ -257,6 +276,7 @@ class Communicator:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
         self._root("scatter", root)
+        given = x, out
         if x is not None:
             x, name = unwrap(x, "scatter")
             self._leading("scatter", x)
@@ -275,7 +295,10 @@ class Communicator:
         else:
             out, name = unwrap(out, "scatter", "out")
         send = x if self.rank == root else None
-        return self._run("scatter", self._impl.scatter, send, out, name, None, root, async_op, out)
+        result = as_given(out, name, *given)
+        return self._run(
+            "scatter", self._impl.scatter, send, out, name, None, root, async_op, result
+        )
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
@@ -285,9 +308,11 @@ class Communicator:
 
     def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Receive into ``x`` from ``peer``."""
+        given = x
         x, name = unwrap(x, "recv")
         self._peer("recv", peer)
-        return self._run("recv", self._impl.recv, None, x, name, None, peer, async_op, x)
+        result = as_given(x, name, given)
+        return self._run("recv", self._impl.recv, None, x, name, None, peer, async_op, result)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
