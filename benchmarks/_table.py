@@ -96,6 +96,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             statistics.fmean(c["busbw"] for c in base_cells) if base_cells else 0.0
         )
         out["median_ratio"] = statistics.median(ratios) if ratios else None
+        out["ratio_range"] = [min(ratios), max(ratios)] if ratios else None
+        out["timings"] = len(ratios)
+        out["size_range"] = [based[0]["size"], based[-1]["size"]]
+        out["checked"] = all(c["wrong"] is not None for c in cells + base_cells)
     return out
 
 
@@ -116,4 +120,42 @@ def footer(totals: dict[str, Any]) -> str:
         lines.append(
             f"# Median time ratio ours/{name} : {'N/A' if ratio is None else f'{ratio:.3f}'}"
         )
+        lines.append(verdict(totals))
     return "\n".join(lines)
+
+
+def verdict(totals: dict[str, Any]) -> str:
+    """The closing line to read at a glance: our time against the baseline's, and correctness.
+
+    Example:
+        >>> verdict({"baseline": "mpi4py", "median_ratio": 0.93, "ratio_range": [0.5, 1.2],
+        ...          "timings": 22, "size_range": [8, 8 << 20], "checked": True, "wrong": 0,
+        ...          "baseline_wrong": 0})
+        '# Summary: ours took 0.93x the time of mpi4py (median of 22 timings, 0.50x to 1.20x, 8 B to 8 MiB; below 1 is faster); every result checked, 0 wrong'
+    """
+    name, ratio = totals["baseline"], totals["median_ratio"]
+    if ratio is None:
+        timing = f"no form of the call to time against {name}"
+    else:
+        low, high = totals["ratio_range"]
+        first, last = (format_bytes(n) for n in totals["size_range"])
+        timing = (
+            f"ours took {ratio:.2f}x the time of {name} (median of {totals['timings']} timings, "
+            f"{low:.2f}x to {high:.2f}x, {first} to {last}; below 1 is faster)"
+        )
+    wrong = totals["wrong"] + totals["baseline_wrong"]
+    if not totals["checked"]:
+        checks = "results not checked (-c 0)"
+    elif wrong:
+        checks = f"{wrong} WRONG elements"
+    else:
+        checks = "every result checked, 0 wrong"
+    return f"# Summary: {timing}; {checks}"
+
+
+def format_bytes(n: int) -> str:
+    """``8 B``, ``64 KiB``, ``16 MiB``: the largest binary unit that divides ``n``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
