@@ -139,9 +139,10 @@ def verdict(totals: dict[str, Any]) -> str:
     else:
         low, high = totals["ratio_range"]
         first, last = (format_bytes(n) for n in totals["size_range"])
+        sizes = f"at {first}" if first == last else f"{first} to {last}"
         timing = (
             f"ours took {ratio:.2f}x the time of {name} (median of {totals['timings']} timings, "
-            f"{low:.2f}x to {high:.2f}x, {first} to {last}; below 1 is faster)"
+            f"{low:.2f}x to {high:.2f}x, {sizes}; below 1 is faster)"
         )
     wrong = totals["wrong"] + totals["baseline_wrong"]
     if not totals["checked"]:

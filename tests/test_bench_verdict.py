@@ -31,6 +31,7 @@ def test_summary_line_gives_the_median_ratio_its_spread_and_the_sizes():
 
 def test_summary_line_says_when_results_were_wrong_or_not_checked():
     wrong = _table.summary([_row(64, 1.0, 1.0, wrong=2)])
+    assert "1.00x to 2.00x, at 64 B; below" in _table.verdict(wrong)
     assert _table.verdict(wrong).endswith("; 4 WRONG elements")
     unchecked = _table.summary([_row(64, 1.0, 1.0, wrong=None)])
     assert _table.verdict(unchecked).endswith("; results not checked (-c 0)")
