@@ -15,14 +15,14 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _direct, _timeline
 from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
-from ._backend import Backend
+from ._backend import Backend, Verb
 from ._books import IN_USE, CallBooks
 from ._check import Checker
 from ._direct import distinct_twin
@@ -102,9 +102,8 @@ class Communicator:
             )
         if check:
             books.checker = Checker(self)
-        # The books again where the direct path (_direct) applies, else None: not on other
-        # backends, nor with a timeline to draw. _fast is them while that path may be used:
-        # not inside group(), nor once the communicator is closed or dead.
+        # The books again where the direct path (_direct) applies (MPI, no timeline to draw);
+        # _fast is them while it may be used: not inside group(), closed or dead.
         self._direct: CallBooks | None = None
         if self._mpi is not None and not self._track:
             books.handle, books.blocking = _direct.handle(self._mpi.comm), self._mpi.blocking
@@ -117,10 +116,6 @@ class Communicator:
     def yield_after(self) -> float:
         """Seconds a waiting rank polls before it yields its core between polls."""
         return self._books.yield_after
-
-    @yield_after.setter
-    def yield_after(self, seconds: float) -> None:
-        self._books.yield_after = seconds
 
     def __repr__(self) -> str:
         return (
@@ -418,7 +413,7 @@ class Communicator:
     def _run(
         self,
         call: str,
-        verb: Callable[..., Pending],
+        verb: Verb,
         x: Any,
         out: Any,
         name: str | None,

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._arrays import array_module, is_device_array, is_slot
+from ._backend import Verb
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._errors import CollectiveTimeoutError
 from ._ops import BY_NAME, ReduceOp
@@ -403,15 +404,7 @@ class MpiBackend:
             pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
         return pending
 
-    def staged(
-        self,
-        verb: Callable[..., Pending],
-        x: Any,
-        out: Any,
-        name: str | None,
-        op: ReduceOp | None,
-        root: int | None,
-    ) -> Pending:
+    def staged(self, verb: Verb, x: Any, out: Any, name: Any, op: Any, root: Any) -> Pending:
         """Run ``verb`` on host copies of CuPy arrays, copying ``out`` back when done."""
         import cupy
 
