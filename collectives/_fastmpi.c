@@ -200,6 +200,12 @@ static int post_progress(PyObject *books, long long nth)
     Py_DECREF(slots);
     if (rc < 0)
         return -1;
+    if (slot < 0 || slot >= view.len / (Py_ssize_t)sizeof(long long) ||
+        view.itemsize != (Py_ssize_t)sizeof(long long)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "CallBooks.slot is not a slot of CallBooks.slots");
+        return -1;
+    }
     ((long long *)view.buf)[slot] = nth;
     PyBuffer_Release(&view);
     return 0;
