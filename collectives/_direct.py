@@ -246,14 +246,12 @@ FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.
 #: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op)
 FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
 
-if _FAST is not None:
-    _module, (_iallreduce, _ibcast, _allreduce, _bcast, _test) = _FAST
-    _module.setup(
-        _iallreduce,
-        _ibcast,
-        _allreduce,
-        _bcast,
-        _test,
+
+def set_up(module: Any, addresses: list[int]) -> None:
+    """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them) and the
+    objects it checks against."""
+    module.setup(
+        *addresses,
         int(_IN_PLACE),
         MPI.Exception,
         MPI.Request.fromhandle,
@@ -263,8 +261,12 @@ if _FAST is not None:
         ReduceOp,
         CallBooks,
     )
-    all_reduce = _module.all_reduce
-    broadcast = _module.broadcast
+
+
+if _FAST is not None:
+    set_up(*_FAST)
+    all_reduce = _FAST[0].all_reduce
+    broadcast = _FAST[0].broadcast
 else:
     all_reduce = _all_reduce
     broadcast = _broadcast

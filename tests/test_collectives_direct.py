@@ -67,11 +67,48 @@ def test_these_tests_pass_with_the_python_implementation():
 # The same calls through either direct path, then the books they leave: what _books.py says
 # the C twin (_fastmpi.c) and the Python one (_direct._run) must agree on.
 _BOOKS_AFTER_CALLS = """
-import json, sys
+import contextlib, ctypes, json, sys
 import numpy as np
 from mpi4py import MPI
 import collectives as col
 from collectives import _direct
+
+
+@contextlib.contextmanager
+def failing_polls(books):
+    # MPI_Test returns an error: in C through a test function that does, in Python through
+    # a request whose Test raises
+    if _direct.COMPILED:
+        module, addresses = _direct._FAST
+        fail = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+            lambda request, done, status: MPI.ERR_OTHER
+        )
+        _direct.set_up(module, [*addresses[:4], ctypes.cast(fail, ctypes.c_void_p).value])
+        try:
+            yield
+        finally:
+            _direct.set_up(module, addresses)
+        return
+
+    class Failing:
+        def __init__(self, request):
+            self.request = request
+
+        def Test(self):
+            raise MPI.Exception(MPI.ERR_OTHER)
+
+    comm_handle = books.handle
+
+    class Posting:
+        def Iallreduce(self, *args):
+            return Failing(comm_handle.Iallreduce(*args))
+
+    books.handle = Posting()
+    try:
+        yield
+    finally:
+        books.handle = comm_handle
+
 
 with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as comm:
     books = comm._books
@@ -87,6 +124,12 @@ with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as com
     except MPI.Exception:
         pass
     books.handle = handle
+    if not books.blocking:  # blocking calls are not polled
+        with failing_polls(books):
+            try:
+                comm.all_reduce(x)
+            except MPI.Exception:
+                pass
     comm.barrier()
     record = [[c[k] for k in ("seq", "call", "shape", "dtype", "state")] for c in comm.flight_record()]
     print(json.dumps([books.seq, books.p2p, books.slots[books.slot], books.token, record]))
@@ -110,15 +153,14 @@ def test_the_c_and_python_direct_paths_keep_the_same_books(blocking):
         said.append(run.stdout)
     assert said[0] == said[1]
     seq, p2p, board, token, record = json.loads(said[0])
-    assert (seq, p2p, board, token) == (7, 0, 7, [None])
-    assert [entry[:2] for entry in record] == [
-        [1, "all_reduce"],
-        [2, "all_reduce"],
-        [3, "broadcast"],
-        [4, "all_reduce"],
-        [5, "all_reduce"],
-        [7, "barrier"],  # 6, the broadcast that failed to post, is not in flight
-    ]
+    polled = blocking == "0"
+    assert (seq, p2p, board, token) == (7 + polled, 0, 7 + polled, [None])
+    # 6, the broadcast that failed to post, is not in flight; 7, the all_reduce whose poll
+    # failed, was posted: it stays, never completed
+    expected = [(1, "all_reduce"), (2, "all_reduce"), (3, "broadcast"), (4, "all_reduce")]
+    expected += [(5, "all_reduce")] + [(7, "all_reduce")] * polled + [(7 + polled, "barrier")]
+    assert [tuple(entry[:2]) for entry in record] == expected
+    assert [entry[4] for entry in record].count("started") == polled
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.uint64])
