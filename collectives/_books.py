@@ -12,12 +12,12 @@ Each call, whichever path runs it, does the same in this order:
 
 Three paths do it: the general one (``Communicator._run``, every call), and the direct path,
 for a synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on the MPI backend, written
-twice: in Python (``_direct._run``) and in C (``_fastmpi.c``, ``run``, ``begin`` and
-``post_and_wait``), which reads and writes these fields by the names below because a call
-through Python costs what a small message costs on the wire. A change to the books is a change
-to this class, :meth:`number`, and the C twin of ``_direct._run``;
-``tests/test_collectives_direct.py`` runs the same calls through both direct paths and
-compares the books they leave.
+twice: in Python (``_direct._run``, which calls :meth:`number`) and in C (``_fastmpi.c``:
+``run``, ``begin``, ``post_and_wait``), because a call into Python costs about what a small
+message costs on the wire. The C reads and writes the fields named in ``__slots__`` below, at
+the offsets their descriptors give. A change to the books is a change to this class and to
+the C twin of ``_direct._run``; ``tests/test_collectives_direct.py`` runs the same calls,
+failures included, through both direct paths and compares the books they leave.
 
 The direct path records an entry as a list ``[seq, call, shape, dtype, start, end]`` (``end``
 0.0 until it completes): an object is made only when someone reads the recorder
