@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ def as_bfloat16(array: Any) -> BFloat16Array:
     return BFloat16Array(array)
 
 
-def _cupy():
+def _cupy() -> Any:
     return sys.modules.get("cupy")
 
 
@@ -54,7 +55,7 @@ def is_device_array(x: Any) -> bool:
     return cp is not None and isinstance(x, cp.ndarray)
 
 
-def array_module(x: Any):
+def array_module(x: Any) -> ModuleType:
     """``numpy`` or ``cupy``, whichever ``x`` belongs to.
 
     Example:

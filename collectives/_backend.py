@@ -19,6 +19,9 @@ from ._work import Pending
 
 T = TypeVar("T")
 
+#: A backend verb, ``(x, out, name, op, root) -> Pending``, as :class:`Backend` lists them.
+Verb = Callable[[Any, Any, Any, Any, Any], Pending]
+
 
 class Backend(Protocol):
     """What :class:`~collectives.Communicator` calls. ``MpiBackend`` and ``NcclBackend``

@@ -166,7 +166,9 @@ class Checker:
             if polls & 255 == 0:
                 waiting._waited(self.comm)
 
-    def _raise_mismatch(self, seq, call, shape, name, root, op) -> None:
+    def _raise_mismatch(
+        self, seq: int, call: str, shape: Any, name: Any, root: Any, op: Any
+    ) -> None:
         """Every rank found a difference: exchange descriptions and raise the same error."""
         fields = describe_call(seq, call, shape, name, root, op)
         descriptions = self.mpi.allgather(fields)

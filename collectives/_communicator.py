@@ -1,12 +1,14 @@
 """The public ``Communicator``: argument checks, bookkeeping, and dispatch to a backend.
 
 The verbs are thin: each checks its arguments locally (so bad input fails before any
-communication), then hands the same ``(x, out, name, op, root, record)`` to the backend.
+communication), then ``_run`` keeps the books (:mod:`._books`) and hands the same
+``(x, out, name, op, root)`` to the backend's verb of the same name. A synchronous
+``all_reduce`` or ``broadcast`` of a NumPy array on the MPI backend first tries the direct
+path (:mod:`._direct`), which keeps the same books in less.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import sys
@@ -20,21 +22,19 @@ from mpi4py import MPI
 
 from . import _direct, _timeline
 from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
-from ._check import POINT_TO_POINT
+from ._backend import Backend, Verb
+from ._books import IN_USE, CallBooks
+from ._check import Checker
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import CollectivesError, CollectiveTimeoutError, invalid, state_error
-from ._mpi import MpiPending
+from ._mpi import MpiBackend, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
-from ._work import Work, recorded
+from ._work import Pending, Work, recorded
 
 RECORDER_LENGTH = 64
 _HOST = frozenset({np.ndarray, type(None)})
-_IN_USE = (
-    "the communicator is in use by another thread; issue collectives on one "
-    "communicator from one thread at a time"
-)
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
 
@@ -50,7 +50,7 @@ class Communicator:
 
     def __init__(
         self,
-        impl: Any,
+        impl: Backend,
         mpi_comm: MPI.Comm,
         *,
         backend: str,
@@ -66,33 +66,34 @@ class Communicator:
         self._world_ranks = _world_ranks(mpi_comm, self.size)
         self._progress: ProgressBoard | None = ProgressBoard(mpi_comm)
         self.local_rank: int = self._progress.local_rank
-        self._progress_slots, self._progress_slot = self._progress.slots, self.local_rank
         self.local_size: int = len(self._progress.members)
         # A waiting rank polls like MPI's own wait. When a node runs more ranks than it has
         # cores, the rank it waits for may need this core: then yield it after 100 us, not 10 ms
         # (small calls on 4 ranks over 2 cores measured 20x faster).
-        self.yield_after = 1e-4 if self.local_size > _cores() else 1e-2
+        yield_after = 1e-4 if self.local_size > _cores() else 1e-2
+        self._books = books = CallBooks(
+            self._progress.slots,
+            self.local_rank,
+            RECORDER_LENGTH,
+            yield_after,
+            self._mpi_wait,
+            self.rank,
+            self.size,
+        )
+        self.recorder = books.recorder
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
         self.timeout = float(timeout)
-        self.recorder: collections.deque = collections.deque(maxlen=RECORDER_LENGTH)
-        self._seq = 0  # every call, for the flight recorder
-        # Point-to-point calls so far: collectives are numbered apart from them (seq - _p2p),
-        # because ranks that pair up for send/recv make different numbers of them.
-        self._p2p = 0
         self._group: list | None = None
         self._group_owner = 0
         self._unusable: CollectivesError | None = None
-        # The one-thread-at-a-time guard: a call takes this token and gives it back; a second
-        # thread that finds none is refused. (list.pop and list.append are atomic, and cost a
-        # third of a Lock's acquire and release, which matters per call.)
-        self._token = [None]
-        self._stages_device_arrays = backend == "mpi"
+        # The backend again where it is the MPI one, which stages device arrays through the host
+        # and runs the direct path.
+        self._mpi: MpiBackend | None = impl if isinstance(impl, MpiBackend) else None
         self._check_arrays = getattr(impl, "check_arrays", None)
         if hasattr(impl, "attach"):
             impl.attach(self)
-        self._checker = None
         self._track = 0
         if _timeline.TIMELINE is not None:
             _COUNT[0] += 1
@@ -100,29 +101,21 @@ class Communicator:
                 f"communicator {_COUNT[0]} ({backend}, size {self.size})"
             )
         if check:
-            from ._check import Checker
-
-            self._checker = Checker(self)
-        # What the direct path (_direct) keeps, or None where it does not apply: other
-        # backends, a timeline to draw. _fast is it while it may be used: not inside group(),
-        # nor once the communicator is closed or dead.
-        self._direct = (
-            _direct.state(
-                _direct.handle(impl.comm),
-                self._token,
-                self._progress_slots,
-                self._progress_slot,
-                self.recorder,
-                self.rank,
-                self.size,
-                impl.blocking,
-            )
-            if backend == "mpi" and not self._track
-            else None
-        )
+            books.checker = Checker(self)
+        # The books again where the direct path (_direct) applies (MPI, no timeline to draw);
+        # _fast is them while it may be used: not inside group(), closed or dead.
+        self._direct: CallBooks | None = None
+        if self._mpi is not None and not self._track:
+            books.handle, books.blocking = _direct.handle(self._mpi.comm), self._mpi.blocking
+            self._direct = books
         self._fast = self._direct
-        if self._direct is not None and impl.blocking:
+        if self._direct is not None and books.blocking:
             _direct.WATCHDOG.watch(self)  # a blocking call that outlasts the timeout ends the job
+
+    @property
+    def yield_after(self) -> float:
+        """Seconds a waiting rank polls before it yields its core between polls."""
+        return self._books.yield_after
 
     def __repr__(self) -> str:
         return (
@@ -142,7 +135,7 @@ class Communicator:
         if self._direct is None:
             return "every call through the MPI backend (a timeline records each call)"
         how = _direct.HOW
-        if self._impl.blocking:
+        if self._books.blocking:
             how += ", as blocking MPI calls (a stuck one ends the job after the timeout)"
         return f"synchronous all_reduce and broadcast of NumPy arrays {how}; other calls through the MPI backend"
 
@@ -157,7 +150,7 @@ class Communicator:
         """
         fast = self._fast
         if fast is not None and not async_op:
-            result = _direct.all_reduce(self, fast, x, op, out)
+            result = _direct.all_reduce(fast, x, op, out)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -197,7 +190,7 @@ class Communicator:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast
         if fast is not None and not async_op:
-            result = _direct.broadcast(self, fast, x, root)
+            result = _direct.broadcast(fast, x, root)
             if result is not NotImplemented:
                 return result
         given = x
@@ -371,7 +364,7 @@ class Communicator:
             child,
             backend=self.backend,
             timeout=self.timeout,
-            check=self._checker is not None,
+            check=self._books.checker is not None,
             **extra,
         )
 
@@ -413,7 +406,7 @@ class Communicator:
         other threads only under ``MPI_THREAD_MULTIPLE``."""
         return list(self._world_ranks)
 
-    def _post_waiting(self, pending) -> Any:
+    def _post_waiting(self, pending: Pending) -> Any:
         """Say on the progress board which call this rank waits in; the board, or None."""
         board = self._progress
         if board is not None:
@@ -431,7 +424,8 @@ class Communicator:
         """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the
         timeout. ``args`` holds the arrays, which MPI may still write after a timeout: the
         pending owns them, and the backend keeps them past an abort."""
-        pending = MpiPending(request, args, self._impl.in_flight)
+        assert self._mpi is not None  # the direct path runs on the MPI backend only
+        pending = MpiPending(request, args, self._mpi.in_flight)
         pending.info, pending.start = tuple(entry[:4]), entry[4]
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
         try:
@@ -441,7 +435,18 @@ class Communicator:
             self._fatal(e)
             raise
 
-    def _run(self, call, verb, x, out, name, op, root, async_op, result):
+    def _run(
+        self,
+        call: str,
+        verb: Verb,
+        x: Any,
+        out: Any,
+        name: str | None,
+        op: ReduceOp | None,
+        root: int | None,
+        async_op: bool,
+        result: Any,
+    ) -> Any:
         if self._unusable is not None:
             raise self._unusable_error(call)
         if self._check_arrays is not None:
@@ -449,25 +454,22 @@ class Communicator:
         if type(out) is np.ndarray and not out.flags.writeable:
             what = "x" if out is x else "out"
             raise invalid(call, f"{what} is read-only, and {call} writes its result there")
-        self._take_token(call)
+        books = self._books
+        books.take(call)
         try:
             if self._group is not None and self._group_owner != threading.get_ident():
-                raise state_error(call, _IN_USE)
-            self._seq = seq = self._seq + 1
+                raise state_error(call, IN_USE)
             array = x if x is not None else out
-            if call in POINT_TO_POINT:
-                self._p2p += 1
-            else:
-                self._progress_slots[self._progress_slot] = nth = seq - self._p2p
-                if self._checker is not None:
-                    self._checker.verify(nth, call, array, name, op, root)
+            seq = books.number(call, array, name, op, root)
+            stager = self._mpi
+            pending: Pending
             if (
-                self._stages_device_arrays
+                stager is not None
                 and "cupy" in sys.modules  # no CuPy imported: no device arrays to stage
                 and (type(x) not in _HOST or type(out) not in _HOST)
-                and self._impl.needs_staging(x, out)
+                and stager.needs_staging(x, out)
             ):
-                pending = self._impl.staged(verb, x, out, name, op, root)
+                pending = stager.staged(verb, x, out, name, op, root)
             else:
                 pending = verb(x, out, name, op, root)
             pending.info = (seq, call, None if array is None else array.shape, name)
@@ -484,23 +486,16 @@ class Communicator:
             self._fatal(e)
             raise
         finally:
-            self._token.append(None)
+            books.token.append(None)
 
-    def _take_token(self, call: str) -> None:
-        """Take the one-thread-at-a-time token (the direct path does the same in line)."""
-        try:
-            self._token.pop()
-        except IndexError:
-            raise state_error(call, _IN_USE) from None
-
-    def _wait(self, pending) -> None:
+    def _wait(self, pending: Pending) -> None:
         try:
             pending.wait(self)
         except CollectivesError as e:
             self._fatal(e)
             raise
 
-    def _synchronize(self, pending) -> None:
+    def _synchronize(self, pending: Pending) -> None:
         try:
             pending.synchronize(self)
         except CollectivesError as e:
@@ -559,8 +554,8 @@ class Communicator:
         # a pending collective crashes Open MPI when the request is next tested.
         if self.mpi_comm != MPI.COMM_NULL and not getattr(self._impl, "unfinished", False):
             self.mpi_comm.Free()
-        if self._checker is not None:
-            self._checker.close()
+        if self._books.checker is not None:
+            self._books.checker.close()
 
     def _op(self, call: str, op: Any, name: str) -> ReduceOp:
         op = parse_op(op, call)
@@ -599,7 +594,9 @@ class Communicator:
         same_kind(call, x, name, out, out_name, shape)
         return x if overlap_check(call, x, out) else out
 
-    def _slot_out(self, call, out, x, name, shape, out_is_part: bool = False):
+    def _slot_out(
+        self, call: str, out: Any, x: Any, name: str, shape: tuple, out_is_part: bool = False
+    ) -> Any:
         """``out`` for calls whose in-place form has one array be the rank's slot of the other."""
         out, out_name = unwrap(out, call, "out")
         same_kind(call, x, name, out, out_name, shape)

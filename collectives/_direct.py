@@ -1,18 +1,20 @@
 """The direct path: a synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on the MPI
 backend, from the argument checks to the completed call, for the calls that need least.
 
-What :meth:`Communicator._run` does, in less: the same thread guard, numbering, check mode,
-progress board and flight recorder (an entry is a list, not an object), then the
-non-blocking MPI call, polled until it completes. A call that lasts past ``yield_after``
-is handed to ``Communicator._mpi_wait``, which waits on it under the timeout. Anything
-unusual (another type, dtype, op or layout, a bad root, another thread holding the
-communicator) returns ``NotImplemented`` before any bookkeeping, and the general path runs
-the call or names the error. This is the per-call cost that small messages see.
+What :meth:`Communicator._run` does, in less: it keeps the same books (:mod:`._books`: the
+thread token, numbering, check mode, progress board, flight recorder, whose entry is a list
+here, not an object), then posts the non-blocking MPI call and polls it until it completes.
+A call that lasts past ``yield_after`` is handed to the books' ``wait_long``, which waits on
+it under the timeout. Anything unusual (another type, dtype, op or layout, a bad root,
+another thread holding the communicator) returns ``NotImplemented`` before any bookkeeping,
+and the general path runs the call or names the error. This is the per-call cost that small
+messages see.
 
-Two implementations with one interface: ``collectives/_fastmpi.c`` where it built for the
-MPI library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``), this module's Python on
-mpi4py otherwise (or with ``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects
-in the form the chosen one takes, and :func:`state` what a communicator keeps for it.
+Two implementations with one interface, ``all_reduce(books, x, op, out)`` and
+``broadcast(books, x, root)``: ``collectives/_fastmpi.c`` where it built for the MPI
+library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``), this module's Python on mpi4py
+otherwise (or with ``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects in the
+form the chosen one takes.
 
 On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
 Open MPI and Intel MPI, whose non-blocking collectives are slower than their blocking ones)
@@ -21,7 +23,7 @@ one is ended by :data:`WATCHDOG`, which prints the timeout error and aborts the 
 
 Example:
     >>> comm = col.init(backend="mpi")
-    >>> _direct.all_reduce(comm, comm._fast, np.ones(4), "sum", None)  # the array, reduced
+    >>> _direct.all_reduce(comm._fast, np.ones(4), "sum", None)  # the array, reduced
 """
 
 from __future__ import annotations
@@ -38,27 +40,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ._arrays import may_share_memory
+from ._books import CallBooks
 from ._mpi import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE
 _OP_TYPES = frozenset({str, ReduceOp})
-# what state() holds, by position
-_COMM, _TOKEN, _SLOTS, _SLOT, _RECORDER, _RANK, _SIZE, _BLOCKING = range(8)
-
-
-def state(
-    comm_handle: Any,
-    token: list,
-    slots: Any,
-    slot: int,
-    recorder: Any,
-    rank: int,
-    size: int,
-    blocking: bool,
-) -> tuple:
-    """What a communicator keeps for the direct path (``Communicator._fast``)."""
-    return (comm_handle, token, slots, slot, recorder, rank, size, blocking)
 
 
 def distinct_twin(out: Any, x: Any) -> bool:
@@ -74,7 +61,7 @@ def distinct_twin(out: Any, x: Any) -> bool:
     )
 
 
-def _all_reduce(comm: Any, fast: tuple, x: Any, op: Any, out: Any) -> Any:
+def _all_reduce(books: CallBooks, x: Any, op: Any, out: Any) -> Any:
     if type(x) is not np.ndarray or type(op) not in _OP_TYPES:
         return NotImplemented
     types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
@@ -91,55 +78,63 @@ def _all_reduce(comm: Any, fast: tuple, x: Any, op: Any, out: Any) -> Any:
         source, result = [x, t], out
     else:
         return NotImplemented
-    post = fast[_COMM].Allreduce if fast[_BLOCKING] else fast[_COMM].Iallreduce
+    post = books.handle.Allreduce if books.blocking else books.handle.Iallreduce
     return _run(
-        comm, fast, "all_reduce", x, name, ops[0], None, result, post, (source, [result, t], ops[1])
+        books, "all_reduce", x, name, ops[0], None, result, post, (source, [result, t], ops[1])
     )
 
 
-def _broadcast(comm: Any, fast: tuple, x: Any, root: Any) -> Any:
+def _broadcast(books: CallBooks, x: Any, root: Any) -> Any:
     if type(x) is not np.ndarray or type(root) is not int:
         return NotImplemented
     types = FAST_TYPE.get(x.dtype)
     flags = x.flags
-    if types is None or not flags.c_contiguous or not 0 <= root < fast[_SIZE]:
+    if types is None or not flags.c_contiguous or not 0 <= root < books.size:
         return NotImplemented
-    if not flags.writeable and root != fast[_RANK]:  # the root only reads x
+    if not flags.writeable and root != books.rank:  # the root only reads x
         return NotImplemented
     name, t = types
-    post = fast[_COMM].Bcast if fast[_BLOCKING] else fast[_COMM].Ibcast
-    return _run(comm, fast, "broadcast", x, name, None, root, x, post, ([x, t], root))
+    post = books.handle.Bcast if books.blocking else books.handle.Ibcast
+    return _run(books, "broadcast", x, name, None, root, x, post, ([x, t], root))
 
 
-def _run(comm, fast, call, array, name, op, root, result, post, args) -> Any:
-    token = fast[_TOKEN]
+def _run(
+    books: CallBooks,
+    call: str,
+    array: np.ndarray,
+    name: str,
+    op: ReduceOp | None,
+    root: int | None,
+    result: np.ndarray,
+    post: Any,
+    args: tuple,
+) -> Any:
+    """Steps 1 to 5 of :mod:`._books` for one call; ``_fastmpi.c``'s ``run`` is its C twin."""
+    token = books.token
     try:
         token.pop()
     except IndexError:
         return NotImplemented  # another thread's call: the general path says so
     try:
-        comm._seq = seq = comm._seq + 1
-        fast[_SLOTS][fast[_SLOT]] = nth = seq - comm._p2p
-        if comm._checker is not None:
-            comm._checker.verify(nth, call, array, name, op, root)
-        entry = [seq, call, array.shape, name, monotonic(), 0.0]
-        recorder = fast[_RECORDER]
+        seq = books.number(call, array, name, op, root)
+        entry: list[Any] = [seq, call, array.shape, name, monotonic(), 0.0]
+        recorder = books.recorder
         recorder.append(entry)
         try:
             request = post(*args)
         except BaseException:
-            recorder.pop()  # an MPI error: nothing is in flight to record
+            recorder.pop()  # posting failed: nothing is in flight to record
             raise
         if request is None:  # a blocking call: done
             entry[5] = monotonic()
             return result
         test = request.Test
-        start, yield_after = entry[4], comm.yield_after
+        start, yield_after = entry[4], books.yield_after
         polls = 0
-        while not test():
+        while not test():  # an error here leaves the entry: the call was posted
             polls += 1
             if polls & 255 == 0 and monotonic() - start > yield_after:
-                comm._mpi_wait(request, entry, args)
+                books.wait_long(request, entry, args)
                 break
         entry[5] = monotonic()
     finally:
@@ -251,14 +246,12 @@ FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.
 #: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op)
 FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
 
-if _FAST is not None:
-    _module, (_iallreduce, _ibcast, _allreduce, _bcast, _test) = _FAST
-    _module.setup(
-        _iallreduce,
-        _ibcast,
-        _allreduce,
-        _bcast,
-        _test,
+
+def set_up(module: Any, addresses: list[int]) -> None:
+    """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them) and the
+    objects it checks against."""
+    module.setup(
+        *addresses,
         int(_IN_PLACE),
         MPI.Exception,
         MPI.Request.fromhandle,
@@ -266,9 +259,14 @@ if _FAST is not None:
         FAST_TYPE,
         FAST_OP,
         ReduceOp,
+        CallBooks,
     )
-    all_reduce = _module.all_reduce
-    broadcast = _module.broadcast
+
+
+if _FAST is not None:
+    set_up(*_FAST)
+    all_reduce = _FAST[0].all_reduce
+    broadcast = _FAST[0].broadcast
 else:
     all_reduce = _all_reduce
     broadcast = _broadcast

@@ -3,10 +3,12 @@
  *
  * Python costs per call about what small messages take on the wire, so this module does
  * here what collectives/_direct.py does in Python (and that module is the reference and the
- * fallback): the same checks, then the same bookkeeping as Communicator._run (the thread
- * guard, numbering, check mode, the progress board, the flight recorder), then it posts the
- * non-blocking MPI call and polls it with the GIL released. A call that lasts past
- * `yield_after` is handed to Communicator._mpi_wait, which waits under the timeout.
+ * fallback): the same checks, then the same bookkeeping (collectives/_books.py: the thread
+ * token, numbering, check mode, the progress board, the flight recorder), read and written on
+ * the communicator's CallBooks by their documented names, then it posts the non-blocking MPI
+ * call and polls it with the GIL released. A call that lasts past `yield_after` is handed to
+ * the books' `wait_long`, which waits under the timeout. run(), begin() and post_and_wait()
+ * are the C twin of _direct._run: change them together.
  *
  * Anything unusual (another type, dtype, op or layout, a bad root, a thread holding the
  * communicator) returns NotImplemented before any bookkeeping: the general path then runs
@@ -20,11 +22,12 @@
  *   collectives._fastmpi_ompi  Open MPI's (pointer handles, int counts: Open MPI 5.0 has no
  *                              large-count calls, so a larger count goes the general path).
  * Where a library's blocking collectives are faster than its non-blocking ones, a communicator
- * may ask for the blocking calls (its state's `blocking`): the wait then happens inside MPI,
+ * may ask for the blocking calls (its books' `blocking`): the wait then happens inside MPI,
  * and a stuck call is ended by _direct.py's watchdog, which aborts the job.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX: how __slots__ fields are stored */
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
@@ -58,17 +61,43 @@ static void *mpi_in_place;
 static PyObject *mpi_error;           /* mpi4py's MPI.Exception: called with the error code */
 static PyObject *request_from_handle; /* MPI.Request.fromhandle */
 static PyObject *ndarray;             /* numpy.ndarray */
-static PyObject *fast_type;           /* _mpi.FAST_TYPE: dtype -> (name, datatype handle) */
-static PyObject *fast_op;             /* _mpi.FAST_OP: op -> (ReduceOp, op handle) */
+static PyObject *fast_type;           /* _direct.FAST_TYPE: dtype -> (name, datatype handle) */
+static PyObject *fast_op;             /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
 static PyObject *reduce_op;           /* the ReduceOp class */
+static PyObject *books_type;          /* _books.CallBooks */
 
 /* attribute and call names, interned once */
-static PyObject *s_dtype, *s_shape, *s_seq, *s_p2p, *s_checker, *s_yield_after, *s_verify,
-    *s_append, *s_pop, *s_mpi_wait, *s_all_reduce, *s_broadcast;
+static PyObject *s_dtype, *s_shape, *s_verify, *s_append, *s_pop, *s_all_reduce, *s_broadcast;
 
-/* What a communicator keeps for this path (Communicator._fast): see _direct.state(). */
-enum { ST_COMM, ST_TOKEN, ST_SLOTS, ST_SLOT, ST_RECORDER, ST_RANK, ST_SIZE, ST_BLOCKING,
-       ST_LENGTH };
+/* The CallBooks fields this path reads and writes, by name. CallBooks has __slots__, so each
+ * field sits at a fixed offset in the object: setup() finds it once from the class's member
+ * descriptor, and a call (whose books are checked to be exactly a CallBooks) reads it there,
+ * as the descriptor itself would, without an attribute lookup per field. */
+enum { F_TOKEN, F_SEQ, F_P2P, F_SLOTS, F_SLOT, F_CHECKER, F_RECORDER, F_YIELD_AFTER,
+       F_WAIT_LONG, F_HANDLE, F_RANK, F_SIZE, F_BLOCKING, F_COUNT };
+static const char *const field_names[F_COUNT] = {
+    "token", "seq",       "p2p",    "slots", "slot", "checker", "recorder", "yield_after",
+    "wait_long", "handle", "rank", "size", "blocking"};
+static Py_ssize_t field_offsets[F_COUNT];
+
+/* books.<field>, a new reference, or NULL with AttributeError where it was never set. */
+static PyObject *field(PyObject *books, int f)
+{
+    PyObject *value = *(PyObject **)((char *)books + field_offsets[f]);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "CallBooks.%s is not set", field_names[f]);
+        return NULL;
+    }
+    Py_INCREF(value);
+    return value;
+}
+
+/* books.<field> = value (value is not stolen). */
+static void set_field(PyObject *books, int f, PyObject *value)
+{
+    Py_INCREF(value);
+    Py_XSETREF(*(PyObject **)((char *)books + field_offsets[f]), value);
+}
 
 static double now(void)
 {
@@ -138,40 +167,67 @@ static int apart(const Py_buffer *a, const Py_buffer *b)
 
 /* One call, once its arguments have passed (_direct._run is the same in Python). */
 typedef struct {
-    PyObject *comm, *state, *call, *array, *name, *op, *root; /* borrowed */
-    PyObject *keep;     /* the arrays (and table entries), for _mpi_wait to hold */
+    PyObject *books, *call, *array, *name, *op, *root; /* borrowed */
+    PyObject *keep;     /* the arrays (and table entries), for wait_long to hold */
     void *send, *recv;  /* all_reduce: send NULL in place; broadcast: recv only */
     Count count;
     Handle datatype, mpi_op;
     int root_rank;
 } Call;
 
-/* Number the call on this rank (seq, progress board), check it, and record it. */
+/* books.<field> as a C long long: 0, or -1 with an error set. */
+static int get_long(PyObject *books, int f, long long *value)
+{
+    PyObject *v = field(books, f);
+    if (v == NULL)
+        return -1;
+    *value = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *value == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Write this rank's collective number `nth` to books.slots[books.slot]. */
+static int post_progress(PyObject *books, long long nth)
+{
+    long long slot;
+    if (get_long(books, F_SLOT, &slot) < 0)
+        return -1;
+    PyObject *slots = field(books, F_SLOTS);
+    if (slots == NULL)
+        return -1;
+    Py_buffer view;
+    int rc = PyObject_GetBuffer(slots, &view, PyBUF_WRITABLE);
+    Py_DECREF(slots);
+    if (rc < 0)
+        return -1;
+    if (slot < 0 || slot >= view.len / (Py_ssize_t)sizeof(long long) ||
+        view.itemsize != (Py_ssize_t)sizeof(long long)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "CallBooks.slot is not a slot of CallBooks.slots");
+        return -1;
+    }
+    ((long long *)view.buf)[slot] = nth;
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+/* CallBooks.number for a collective, then a flight-recorder entry, appended: the entry. */
 static PyObject *begin(const Call *c)
 {
-    PyObject *seq_obj = PyObject_GetAttr(c->comm, s_seq);
-    PyObject *p2p_obj = seq_obj ? PyObject_GetAttr(c->comm, s_p2p) : NULL;
-    if (p2p_obj == NULL) {
-        Py_XDECREF(seq_obj);
+    long long seq, p2p;
+    if (get_long(c->books, F_SEQ, &seq) < 0 || get_long(c->books, F_P2P, &p2p) < 0)
         return NULL;
-    }
-    long long seq = PyLong_AsLongLong(seq_obj) + 1, nth = seq - PyLong_AsLongLong(p2p_obj);
-    Py_DECREF(seq_obj);
-    Py_DECREF(p2p_obj);
+    seq += 1;
+    long long nth = seq - p2p;
     PyObject *seq_new = PyLong_FromLongLong(seq);
-    if (seq_new == NULL || PyObject_SetAttr(c->comm, s_seq, seq_new) < 0) {
-        Py_XDECREF(seq_new);
+    if (seq_new == NULL)
         return NULL;
-    }
-    Py_buffer slots;
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(c->state, ST_SLOTS), &slots, PyBUF_WRITABLE) < 0) {
+    set_field(c->books, F_SEQ, seq_new);
+    if (post_progress(c->books, nth) < 0) {
         Py_DECREF(seq_new);
         return NULL;
     }
-    ((long long *)slots.buf)[PyLong_AsSsize_t(PyTuple_GET_ITEM(c->state, ST_SLOT))] = nth;
-    PyBuffer_Release(&slots);
-
-    PyObject *checker = PyObject_GetAttr(c->comm, s_checker);
+    PyObject *checker = field(c->books, F_CHECKER);
     if (checker == NULL) {
         Py_DECREF(seq_new);
         return NULL;
@@ -207,8 +263,9 @@ static PyObject *begin(const Call *c)
     PyList_SET_ITEM(entry, 3, c->name);
     PyList_SET_ITEM(entry, 4, PyFloat_FromDouble(now()));
     PyList_SET_ITEM(entry, 5, PyFloat_FromDouble(0.0));
-    PyObject *r = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(c->state, ST_RECORDER), s_append,
-                                            entry);
+    PyObject *recorder = field(c->books, F_RECORDER);
+    PyObject *r = recorder == NULL ? NULL : PyObject_CallMethodOneArg(recorder, s_append, entry);
+    Py_XDECREF(recorder);
     if (r == NULL) {
         Py_DECREF(entry);
         return NULL;
@@ -217,21 +274,27 @@ static PyObject *begin(const Call *c)
     return entry;
 }
 
-/* Post the call and poll it; hand it to comm._mpi_wait if it lasts. 0, or -1 with an error. */
+/* Post the call and poll it; hand it to books.wait_long if it lasts. 0, or -1 with an error. */
 static int post_and_wait(const Call *c, PyObject *entry)
 {
     double yield_after;
-    PyObject *y = PyObject_GetAttr(c->comm, s_yield_after);
+    PyObject *y = field(c->books, F_YIELD_AFTER);
     if (y == NULL)
         return -1;
     yield_after = PyFloat_AsDouble(y);
     Py_DECREF(y);
-    Handle comm, request = 0;
     if (yield_after == -1.0 && PyErr_Occurred())
         return -1;
-    if (as_handle(PyTuple_GET_ITEM(c->state, ST_COMM), &comm) < 0)
+    PyObject *handle = field(c->books, F_HANDLE);
+    PyObject *blocking_obj = handle == NULL ? NULL : field(c->books, F_BLOCKING);
+    Handle comm, request = 0;
+    int failed = blocking_obj == NULL || as_handle(handle, &comm) < 0;
+    int blocking = blocking_obj == Py_True;
+    Py_XDECREF(handle);
+    Py_XDECREF(blocking_obj);
+    if (failed)
         return -1;
-    int rc, done = 0, blocking = PyTuple_GET_ITEM(c->state, ST_BLOCKING) == Py_True;
+    int rc, posted = 0, done = 0;
     Py_BEGIN_ALLOW_THREADS
     if (blocking) {
         if (c->call == s_all_reduce)
@@ -246,13 +309,20 @@ static int post_and_wait(const Call *c, PyObject *entry)
                                 c->datatype, c->mpi_op, comm, &request);
         else
             rc = mpi_ibcast(c->recv, c->count, c->datatype, c->root_rank, comm, &request);
-        if (rc == 0)
+        if (rc == 0) {
+            posted = 1;
             rc = poll(&request, &done, yield_after);
+        }
     }
     Py_END_ALLOW_THREADS
     if (rc != 0) {
-        PyObject *r = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(c->state, ST_RECORDER), s_pop);
-        Py_XDECREF(r); /* an MPI error: nothing is in flight to record */
+        if (!posted) { /* posting failed: nothing is in flight to record */
+            PyObject *recorder = field(c->books, F_RECORDER);
+            PyObject *r = recorder == NULL ? NULL : PyObject_CallMethodNoArgs(recorder, s_pop);
+            Py_XDECREF(recorder);
+            Py_XDECREF(r);
+            PyErr_Clear();
+        } /* polling failed: the call was posted, so its entry stays, never completed */
         raise_mpi_error(rc);
         return -1;
     }
@@ -260,10 +330,12 @@ static int post_and_wait(const Call *c, PyObject *entry)
         /* mpi4py takes handles sign-extended to 64 bits, as it gives them */
         PyObject *req = PyObject_CallFunction(request_from_handle, "K",
                                               (unsigned long long)(long long)request);
-        if (req == NULL)
-            return -1;
-        PyObject *r = PyObject_CallMethodObjArgs(c->comm, s_mpi_wait, req, entry, c->keep, NULL);
-        Py_DECREF(req);
+        PyObject *wait_long = req == NULL ? NULL : field(c->books, F_WAIT_LONG);
+        PyObject *r = wait_long == NULL ? NULL
+                                        : PyObject_CallFunctionObjArgs(wait_long, req, entry,
+                                                                       c->keep, NULL);
+        Py_XDECREF(req);
+        Py_XDECREF(wait_long);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
@@ -283,21 +355,34 @@ static PyObject *NotImplemented(void)
 /* The thread guard around begin() and post_and_wait(). NotImplemented: the token is taken. */
 static PyObject *run(const Call *c, PyObject *result)
 {
-    PyObject *token = PyTuple_GET_ITEM(c->state, ST_TOKEN);
-    if (PyList_GET_SIZE(token) == 0)
-        Py_RETURN_NOTIMPLEMENTED; /* another thread's call: the general path says so */
-    if (PyList_SetSlice(token, 0, 1, NULL) < 0)
+    PyObject *token = field(c->books, F_TOKEN);
+    if (token == NULL)
         return NULL;
+    if (!PyList_CheckExact(token)) {
+        Py_DECREF(token);
+        PyErr_SetString(PyExc_TypeError, "books.token must be a list");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(token) == 0) {
+        Py_DECREF(token);
+        Py_RETURN_NOTIMPLEMENTED; /* another thread's call: the general path says so */
+    }
+    if (PyList_SetSlice(token, 0, 1, NULL) < 0) {
+        Py_DECREF(token);
+        return NULL;
+    }
     PyObject *entry = begin(c);
     int failed = entry == NULL || post_and_wait(c, entry) < 0;
     Py_XDECREF(entry);
-    if (PyList_Append(token, Py_None) < 0 || failed)
+    int lost = PyList_Append(token, Py_None) < 0;
+    Py_DECREF(token);
+    if (lost || failed)
         return NULL;
     Py_INCREF(result);
     return result;
 }
 
-/* The arguments every call starts with: (comm, state, ...), `expected` of them in all. */
+/* The arguments every call starts with: (books, ...), `expected` of them in all. */
 static int check_arguments(const char *call, PyObject *const *args, Py_ssize_t nargs,
                            Py_ssize_t expected)
 {
@@ -305,20 +390,20 @@ static int check_arguments(const char *call, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", call, expected);
         return -1;
     }
-    if (!PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != ST_LENGTH) {
-        PyErr_SetString(PyExc_TypeError, "state must be _direct.state()'s tuple");
+    if ((PyObject *)Py_TYPE(args[0]) != books_type) {
+        PyErr_SetString(PyExc_TypeError, "books must be a collectives._books.CallBooks");
         return -1;
     }
     return 0;
 }
 
-/* all_reduce(comm, state, x, op, out): x reduced into out (None: in place), or NotImplemented. */
+/* all_reduce(books, x, op, out): x reduced into out (None: in place), or NotImplemented. */
 static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (check_arguments("all_reduce", args, nargs, 5) < 0)
+    if (check_arguments("all_reduce", args, nargs, 4) < 0)
         return NULL;
-    PyObject *x = args[2], *op = args[3], *out = args[4];
+    PyObject *x = args[1], *op = args[2], *out = args[3];
     if ((PyObject *)Py_TYPE(x) != ndarray ||
         !(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
         Py_RETURN_NOTIMPLEMENTED;
@@ -363,7 +448,7 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *result = in_place ? x : out, *done = NULL;
     /* the table entries are held: check mode and the recorder run Python in between */
     PyObject *keep = PyTuple_Pack(4, x, result, types, ops);
-    Call c = {args[0], args[1], s_all_reduce, x, PyTuple_GET_ITEM(types, 0),
+    Call c = {args[0], s_all_reduce, x, PyTuple_GET_ITEM(types, 0),
               PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0 &&
         as_handle(PyTuple_GET_ITEM(ops, 1), &c.mpi_op) == 0) {
@@ -380,20 +465,20 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
     return done;
 }
 
-/* broadcast(comm, state, x, root): x from root on every rank, or NotImplemented. */
+/* broadcast(books, x, root): x from root on every rank, or NotImplemented. */
 static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (check_arguments("broadcast", args, nargs, 4) < 0)
+    if (check_arguments("broadcast", args, nargs, 3) < 0)
         return NULL;
-    PyObject *state = args[1], *x = args[2], *root = args[3];
+    PyObject *x = args[1], *root = args[2];
     if ((PyObject *)Py_TYPE(x) != ndarray || !PyLong_CheckExact(root))
         Py_RETURN_NOTIMPLEMENTED;
-    long root_rank = PyLong_AsLong(root);
-    long rank = PyLong_AsLong(PyTuple_GET_ITEM(state, ST_RANK));
-    long size = PyLong_AsLong(PyTuple_GET_ITEM(state, ST_SIZE));
-    if (PyErr_Occurred())
-        PyErr_Clear(); /* a root too large for a C long: out of range below */
+    long long root_rank = PyLong_AsLongLong(root), rank, size;
+    if (root_rank == -1 && PyErr_Occurred())
+        PyErr_Clear(); /* a root too large for a C long long: out of range below */
+    if (get_long(args[0], F_RANK, &rank) < 0 || get_long(args[0], F_SIZE, &size) < 0)
+        return NULL;
     if (root_rank < 0 || root_rank >= size)
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *dtype = PyObject_GetAttr(x, s_dtype);
@@ -410,7 +495,7 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (!take_buffer(x, &xb, root_rank != rank)) /* the root only reads x */
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *done = NULL, *keep = PyTuple_Pack(2, x, types);
-    Call c = {args[0], state, s_broadcast, x, PyTuple_GET_ITEM(types, 0), Py_None, root,
+    Call c = {args[0], s_broadcast, x, PyTuple_GET_ITEM(types, 0), Py_None, root,
               keep, NULL, NULL, 0, 0, 0, (int)root_rank};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0) {
         Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
@@ -424,18 +509,19 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 /* setup(iallreduce, ibcast, allreduce, bcast, test, in_place, error,
- *       request_from_handle, ndarray, fast_type, fast_op, reduce_op) */
+ *       request_from_handle, ndarray, fast_type, fast_op, reduce_op, books_type) */
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     unsigned long long iallreduce, ibcast, allreduce, bcast, test;
     long long in_place;
-    PyObject *objects[6];
-    PyObject **slots[6] = {&mpi_error, &request_from_handle, &ndarray,
-                           &fast_type, &fast_op,   &reduce_op};
+    PyObject *objects[7];
+    PyObject **slots[7] = {&mpi_error, &request_from_handle, &ndarray,   &fast_type,
+                           &fast_op,   &reduce_op,           &books_type};
     (void)self;
-    if (!PyArg_ParseTuple(args, "KKKKKLOOOO!O!O", &iallreduce, &ibcast, &allreduce, &bcast,
+    if (!PyArg_ParseTuple(args, "KKKKKLOOOO!O!OO!", &iallreduce, &ibcast, &allreduce, &bcast,
                           &test, &in_place, &objects[0], &objects[1], &objects[2],
-                          &PyDict_Type, &objects[3], &PyDict_Type, &objects[4], &objects[5]))
+                          &PyDict_Type, &objects[3], &PyDict_Type, &objects[4], &objects[5],
+                          &PyType_Type, &objects[6]))
         return NULL;
     mpi_iallreduce = (IallreduceFn)(uintptr_t)iallreduce;
     mpi_ibcast = (IbcastFn)(uintptr_t)ibcast;
@@ -443,7 +529,18 @@ static PyObject *setup(PyObject *self, PyObject *args)
     mpi_bcast = (BcastFn)(uintptr_t)bcast;
     mpi_test = (TestFn)(uintptr_t)test;
     mpi_in_place = (void *)(intptr_t)in_place;
-    for (int i = 0; i < 6; i++) {
+    for (int f = 0; f < F_COUNT; f++) { /* before anything is kept: a failure keeps nothing */
+        PyObject *descriptor = PyDict_GetItemString(((PyTypeObject *)objects[6])->tp_dict,
+                                                    field_names[f]);
+        if (descriptor == NULL || !Py_IS_TYPE(descriptor, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)descriptor)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "books_type has no __slots__ field %s",
+                         field_names[f]);
+            return NULL;
+        }
+        field_offsets[f] = ((PyMemberDescrObject *)descriptor)->d_member->offset;
+    }
+    for (int i = 0; i < 7; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
     }
@@ -452,12 +549,12 @@ static PyObject *setup(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"all_reduce", (PyCFunction)(void (*)(void))all_reduce, METH_FASTCALL,
-     "all_reduce(comm, state, x, op, out) -> the result, or NotImplemented"},
+     "all_reduce(books, x, op, out) -> the result, or NotImplemented"},
     {"broadcast", (PyCFunction)(void (*)(void))broadcast, METH_FASTCALL,
-     "broadcast(comm, state, x, root) -> x, or NotImplemented"},
+     "broadcast(books, x, root) -> x, or NotImplemented"},
     {"setup", setup, METH_VARARGS,
      "setup(iallreduce, ibcast, allreduce, bcast, test, in_place, error, "
-     "request_from_handle, ndarray, fast_type, fast_op, reduce_op)"},
+     "request_from_handle, ndarray, fast_type, fast_op, reduce_op, books_type)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -471,10 +568,12 @@ PyMODINIT_FUNC MODULE_INIT(void)
         PyObject **name;
         const char *text;
     } names[] = {
-        {&s_dtype, "dtype"},         {&s_shape, "shape"},     {&s_seq, "_seq"},
-        {&s_p2p, "_p2p"},            {&s_checker, "_checker"}, {&s_yield_after, "yield_after"},
-        {&s_verify, "verify"},       {&s_append, "append"},   {&s_pop, "pop"},
-        {&s_mpi_wait, "_mpi_wait"},  {&s_all_reduce, "all_reduce"},
+        {&s_dtype, "dtype"},
+        {&s_shape, "shape"},
+        {&s_verify, "verify"},
+        {&s_append, "append"},
+        {&s_pop, "pop"},
+        {&s_all_reduce, "all_reduce"},
         {&s_broadcast, "broadcast"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

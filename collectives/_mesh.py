@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from ._communicator import Communicator
-from ._errors import invalid
+from ._errors import invalid, state_error
 
 
 def mesh_coords(rank: int, shape: Mapping[str, int]) -> dict[str, int]:
@@ -60,11 +61,13 @@ class DeviceMesh:
     """Named mesh dimensions over a communicator's ranks (row-major, last name fastest).
 
     Building it is collective (every rank must do it): it splits one communicator per name.
+    It owns those communicators: ``close()``, or the end of a ``with`` block, closes them (not
+    ``comm``).
 
     Example:
-        >>> mesh = col.DeviceMesh(comm, {"pp": 2, "dp": 2, "tp": 2})
-        >>> mesh["tp"].all_reduce(partial)       # over the ranks differing only along tp
-        >>> mesh.coord                           # e.g. {'pp': 1, 'dp': 0, 'tp': 1}
+        >>> with col.DeviceMesh(comm, {"pp": 2, "dp": 2, "tp": 2}) as mesh:
+        ...     mesh["tp"].all_reduce(partial)   # over the ranks differing only along tp
+        ...     mesh.coord                       # e.g. {'pp': 1, 'dp': 0, 'tp': 1}
     """
 
     def __init__(self, comm: Communicator, shape: Mapping[str, int]):
@@ -88,6 +91,7 @@ class DeviceMesh:
         self.names = tuple(shape)
         self.coord = mesh_coords(comm.rank, shape)
         self._groups: dict[tuple[str, ...], Communicator] = {}
+        self.closed = False
         for name in self.names:
             self.group(name)
 
@@ -100,6 +104,8 @@ class DeviceMesh:
         unknown = [n for n in names if n not in self.shape]
         if unknown or not names:
             raise invalid("DeviceMesh.group", f"names must be among {self.names}, got {names}")
+        if self.closed:
+            raise state_error("DeviceMesh.group", "the mesh is closed")
         if key not in self._groups:
             color = group_color(self.comm.rank, self.shape, key)
             sub = self.comm.split(color, key=self.comm.rank)
@@ -108,10 +114,17 @@ class DeviceMesh:
         return self._groups[key]
 
     def close(self) -> None:
-        """Close the sub-communicators (not the parent)."""
+        """Close the sub-communicators it made (not the parent). Idempotent."""
+        self.closed = True
         for sub in self._groups.values():
             sub.close()
         self._groups.clear()
+
+    def __enter__(self) -> DeviceMesh:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"DeviceMesh({self.shape}, coord={self.coord})"

@@ -17,13 +17,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ._arrays import array_module, is_device_array, is_slot
+from ._backend import Verb
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._errors import CollectiveTimeoutError
 from ._ops import BY_NAME, ReduceOp
 from ._work import Pending
 
 
-def _mpi_type(name: str):
+def _mpi_type(name: str) -> MPI.Datatype:
     return getattr(MPI, name, MPI.DATATYPE_NULL)
 
 
@@ -62,8 +63,9 @@ MPI_TYPE = {
 #: dtypes this MPI cannot reduce natively: reduced in float32, then rounded back
 UPCAST = frozenset({"bfloat16"} if _HAS_FLOAT16 else {"bfloat16", "float16"})
 
-#: ReduceOp -> MPI op (AVG is a sum divided afterwards)
-MPI_OP = {
+#: ReduceOp -> MPI op (AVG is a sum divided afterwards); keyed for the verbs' ``op``, which
+#: the front end has checked is a ReduceOp wherever the call reduces
+MPI_OP: dict[ReduceOp | None, MPI.Op] = {
     ReduceOp.SUM: MPI.SUM,
     ReduceOp.PROD: MPI.PROD,
     ReduceOp.MAX: MPI.MAX,
@@ -266,14 +268,18 @@ class MpiBackend:
 
     # Each verb: (x, out, name, op, root) -> MpiPending.
 
-    def all_reduce(self, x, out, name, op, root):
+    def all_reduce(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         if name in UPCAST:
             return self._via_float32(self.all_reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(self.comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
 
-    def reduce(self, x, out, name, op, root):
+    def reduce(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         if name in UPCAST:
             return self._via_float32(self.reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
@@ -284,15 +290,21 @@ class MpiBackend:
             self.comm.Ireduce, send, [out, t], MPI_OP[op], root, then=self._avg(op, out)
         )
 
-    def broadcast(self, x, out, name, op, root):
+    def broadcast(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         return self._post(self.comm.Ibcast, [x, MPI_TYPE[name]], root)
 
-    def all_gather(self, x, out, name, op, root):
+    def all_gather(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if is_slot(x, out, self.rank) else [x, t]
         return self._post(self.comm.Iallgather, send, [out, t])
 
-    def reduce_scatter(self, x, out, name, op, root):
+    def reduce_scatter(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         if name in UPCAST:
             return self._via_float32(self.reduce_scatter, x, out, name, op, root)
         if is_slot(out, x, self.rank):
@@ -306,35 +318,52 @@ class MpiBackend:
             self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
         )
 
-    def all_to_all(self, x, out, name, op, root):
+    def all_to_all(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(self.comm.Ialltoall, send, [out, t])
 
-    def gather(self, x, out, name, op, root):
+    def gather(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         t = MPI_TYPE[name]
         if self.rank != root:
             return self._post(self.comm.Igather, [x, t], None, root)
         send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
         return self._post(self.comm.Igather, send, [out, t], root)
 
-    def scatter(self, x, out, name, op, root):
+    def scatter(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         t = MPI_TYPE[name]
         if self.rank != root:
             return self._post(self.comm.Iscatter, None, [out, t], root)
         receive = MPI.IN_PLACE if is_slot(out, x, root) else [out, t]
         return self._post(self.comm.Iscatter, [x, t], receive, root)
 
-    def send(self, x, out, name, op, root):
+    def send(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         return self._post(self.comm.Isend, [x, MPI_TYPE[name]], root, _TAG)
 
-    def recv(self, x, out, name, op, root):
+    def recv(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], root, _TAG)
 
-    def barrier(self, x, out, name, op, root):
+    def barrier(
+        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
+    ) -> MpiPending:
         return self._post(self.comm.Ibarrier)
 
-    def _post(self, start: Callable[..., MPI.Request], *args: Any, then=None) -> MpiPending:
+    def _post(
+        self,
+        start: Callable[..., MPI.Request],
+        *args: Any,
+        then: Callable[[], None] | None = None,
+    ) -> MpiPending:
         """Post ``start(*args)``: the pending owns ``args``, every buffer MPI reads or writes,
         until the request completes (this is the one place requests are made)."""
         if len(self.in_flight) >= self._reap_at:
@@ -350,13 +379,21 @@ class MpiBackend:
 
     # Helpers shared by the verbs.
 
-    def _avg(self, op: ReduceOp, out: Any):
+    def _avg(self, op: ReduceOp | None, out: Any) -> Callable[[], None] | None:
         if op is not ReduceOp.AVG:
             return None
         size = self.size
         return lambda: divide_in_place(out, size)
 
-    def _via_float32(self, verb, x, out, name, op, root):
+    def _via_float32(
+        self,
+        verb: Callable[..., MpiPending],
+        x: Any,
+        out: Any,
+        name: str,
+        op: ReduceOp | None,
+        root: int | None,
+    ) -> MpiPending:
         wide_x = _decode(x, name)
         xp = array_module(wide_x)
         wide_out = (
@@ -367,7 +404,7 @@ class MpiBackend:
             pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
         return pending
 
-    def staged(self, verb, x, out, name, op, root):
+    def staged(self, verb: Verb, x: Any, out: Any, name: Any, op: Any, root: Any) -> Pending:
         """Run ``verb`` on host copies of CuPy arrays, copying ``out`` back when done."""
         import cupy
 

@@ -394,7 +394,8 @@ class NcclBackend:
         pending = NcclPending(self, blocking)
         array = arrays[0] if arrays and arrays[0] is not None else None
         # For a message while issuing; the front end fills in the final entry afterwards.
-        pending.info = (getattr(self._front, "_seq", 0), call, getattr(array, "shape", None), None)
+        seq = 0 if self._front is None else self._front._books.seq
+        pending.info = (seq, call, getattr(array, "shape", None), None)
         state = groups.current()
         self._prune()
         with self.cupy.cuda.Device(self.device):

@@ -6,6 +6,7 @@ This module and test_collectives_fast_path.py run again with ``COLLECTIVES_PURE_
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -63,23 +64,123 @@ def test_these_tests_pass_with_the_python_implementation():
     assert run.returncode == 0, run.stdout[-4000:]
 
 
+# The same calls through either direct path, then the books they leave: what _books.py says
+# the C twin (_fastmpi.c) and the Python one (_direct._run) must agree on.
+_BOOKS_AFTER_CALLS = """
+import contextlib, ctypes, json, sys
+import numpy as np
+from mpi4py import MPI
+import collectives as col
+from collectives import _direct
+
+
+@contextlib.contextmanager
+def failing_polls(books):
+    # MPI_Test returns an error: in C through a test function that does, in Python through
+    # a request whose Test raises
+    if _direct.COMPILED:
+        module, addresses = _direct._FAST
+        fail = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+            lambda request, done, status: MPI.ERR_OTHER
+        )
+        _direct.set_up(module, [*addresses[:4], ctypes.cast(fail, ctypes.c_void_p).value])
+        try:
+            yield
+        finally:
+            _direct.set_up(module, addresses)
+        return
+
+    class Failing:
+        def __init__(self, request):
+            self.request = request
+
+        def Test(self):
+            raise MPI.Exception(MPI.ERR_OTHER)
+
+    comm_handle = books.handle
+
+    class Posting:
+        def Iallreduce(self, *args):
+            return Failing(comm_handle.Iallreduce(*args))
+
+    books.handle = Posting()
+    try:
+        yield
+    finally:
+        books.handle = comm_handle
+
+
+with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as comm:
+    books = comm._books
+    x = np.arange(4.0)
+    comm.all_reduce(x)
+    comm.all_reduce(x, "max", out=np.empty_like(x))
+    comm.broadcast(x)
+    comm.all_reduce(x, "avg")  # the general path
+    comm.all_reduce(np.ones((2, 3), np.int32))
+    handle, books.handle = books.handle, _direct.handle(MPI.COMM_NULL)
+    try:
+        comm.broadcast(x)
+    except MPI.Exception:
+        pass
+    books.handle = handle
+    if not books.blocking:  # blocking calls are not polled
+        with failing_polls(books):
+            try:
+                comm.all_reduce(x)
+            except MPI.Exception:
+                pass
+    comm.barrier()
+    record = [[c[k] for k in ("seq", "call", "shape", "dtype", "state")] for c in comm.flight_record()]
+    print(json.dumps([books.seq, books.p2p, books.slots[books.slot], books.token, record]))
+"""
+
+
+@pytest.mark.skipif(not _direct.COMPILED, reason="only the Python direct path is built here")
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_the_c_and_python_direct_paths_keep_the_same_books(blocking):
+    said = []
+    for pure in ("0", "1"):
+        env = dict(os.environ, COLLECTIVES_PURE_PYTHON=pure)
+        run = subprocess.run(
+            [sys.executable, "-c", _BOOKS_AFTER_CALLS, blocking],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        said.append(run.stdout)
+    assert said[0] == said[1]
+    seq, p2p, board, token, record = json.loads(said[0])
+    polled = blocking == "0"
+    assert (seq, p2p, board, token) == (7 + polled, 0, 7 + polled, [None])
+    # 6, the broadcast that failed to post, is not in flight; 7, the all_reduce whose poll
+    # failed, was posted: it stays, never completed
+    expected = [(1, "all_reduce"), (2, "all_reduce"), (3, "broadcast"), (4, "all_reduce")]
+    expected += [(5, "all_reduce")] + [(7, "all_reduce")] * polled + [(7 + polled, "barrier")]
+    assert [tuple(entry[:2]) for entry in record] == expected
+    assert [entry[4] for entry in record].count("started") == polled
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.uint64])
 def test_all_reduce_in_place_and_out_of_place(comm, dtype):
     x = np.arange(1, 6, dtype=dtype).reshape(5, 1)
-    assert _direct.all_reduce(comm, comm._fast, x, "max", None) is x
+    assert _direct.all_reduce(comm._books, x, "max", None) is x
     out = np.zeros_like(x)
-    assert _direct.all_reduce(comm, comm._fast, x, col.ReduceOp.SUM, out) is out
+    assert _direct.all_reduce(comm._books, x, col.ReduceOp.SUM, out) is out
     np.testing.assert_array_equal(out, x)
-    assert [c["call"] for c in comm.flight_record()] == ["all_reduce", "all_reduce"]
-    assert comm._seq == 2 and comm._progress_slots[comm.local_rank] == 2
+    record = comm.flight_record()
+    assert [(c["seq"], c["call"]) for c in record] == [(1, "all_reduce"), (2, "all_reduce")]
+    assert comm.progress_report() == "Every rank on this node has reached collective #2."
 
 
 def test_broadcast_and_an_empty_array(comm):
     x = np.arange(4.0)
     x.flags.writeable = False  # the root only reads its buffer
-    assert _direct.broadcast(comm, comm._fast, x, 0) is x
+    assert _direct.broadcast(comm._books, x, 0) is x
     empty = np.ones(0)
-    assert _direct.broadcast(comm, comm._fast, empty, 0) is empty
+    assert _direct.broadcast(comm._books, empty, 0) is empty
     assert [c["state"] for c in comm.flight_record()] == ["completed", "completed"]
 
 
@@ -115,33 +216,43 @@ def _not_for_the_direct_path():
     ids=[case[0] for case in _not_for_the_direct_path()],
 )
 def test_what_is_left_to_the_general_path_is_left_untouched(comm, x, op, out):
-    assert _direct.all_reduce(comm, comm._fast, x, op, out) is NotImplemented
-    assert comm._seq == 0 and comm.flight_record() == []
+    assert _direct.all_reduce(comm._books, x, op, out) is NotImplemented
+    _nothing_was_numbered(comm)
 
 
 @pytest.mark.parametrize("root", [1, -1, 2**70, 0.0, True, None])
 def test_broadcast_leaves_bad_roots_to_the_general_path(comm, root):
-    assert _direct.broadcast(comm, comm._fast, np.ones(2), root) is NotImplemented
-    assert comm._seq == 0
+    assert _direct.broadcast(comm._books, np.ones(2), root) is NotImplemented
+    _nothing_was_numbered(comm)
+
+
+def _nothing_was_numbered(comm):
+    assert comm.flight_record() == []
+    comm.barrier()
+    assert [c["seq"] for c in comm.flight_record()] == [1]
 
 
 def test_a_thread_holding_the_communicator_leaves_the_call_to_the_general_path(comm):
-    comm._token.pop()  # as while another thread's call is in flight
+    books = comm._books
+    books.take("test")  # as while another thread's call is in flight
     try:
-        assert _direct.all_reduce(comm, comm._fast, np.ones(2), "sum", None) is NotImplemented
+        assert _direct.all_reduce(books, np.ones(2), "sum", None) is NotImplemented
         with pytest.raises(col.CommunicatorStateError, match="in use by another thread"):
             comm.all_reduce(np.ones(2))
     finally:
-        comm._token.append(None)
+        books.token.append(None)
 
 
-def test_an_mpi_error_is_raised_unrecorded_and_the_token_comes_back(comm):
-    fast = comm._fast
-    broken = _direct.state(_direct.handle(MPI.COMM_NULL), *fast[1:])
-    with pytest.raises(MPI.Exception):
-        _direct.all_reduce(comm, broken, np.ones(2), "sum", None)
+def test_a_failed_post_is_raised_unrecorded_and_the_token_comes_back(comm):
+    books = comm._books
+    handle, books.handle = books.handle, _direct.handle(MPI.COMM_NULL)
+    try:
+        with pytest.raises(MPI.Exception):
+            _direct.all_reduce(books, np.ones(2), "sum", None)
+    finally:
+        books.handle = handle
     assert comm.flight_record() == []
-    assert comm._token == [None]
+    assert books.token == [None]
     np.testing.assert_array_equal(comm.all_reduce(np.ones(2)), 1.0)
 
 

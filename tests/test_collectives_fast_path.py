@@ -84,11 +84,13 @@ def test_dlpack_objects_are_taken_zero_copy(comm):
     np.testing.assert_array_equal(out, backing)
 
 
-def test_torch_tensor_is_reduced_in_place(comm):
+def test_torch_tensors_are_taken_zero_copy(comm):
     torch = pytest.importorskip("torch")
     t = torch.arange(4, dtype=torch.float32)
-    comm.all_reduce(t)  # world size 1: the sum is the tensor itself, written in place
-    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    out = torch.zeros(4)
+    comm.all_reduce(t, out=out)  # world size 1: the sum is t, written into out's memory
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert np.shares_memory(comm.all_reduce(t), t.numpy())  # in place
     assert np.shares_memory(comm.broadcast(t), t.numpy())
 
 
@@ -129,11 +131,13 @@ def test_direct_calls_are_recorded_and_numbered(comm):
 
 def test_direct_path_is_off_inside_a_group_and_after_close():
     c = col.init(backend="mpi")
-    assert c._fast is not None
-    with c.group():
-        assert c._fast is None
-        c.all_reduce(np.ones(2))
-    assert c._fast is not None
+    with c.group():  # the call is held until the block ends, as the direct path cannot
+        x = np.ones(2)
+        c.all_reduce(x)
+        assert c.flight_record()[-1]["state"] == "started"
+    assert c.flight_record()[-1]["state"] == "completed"
+    c.all_reduce(x)  # after the group the direct path again: its record is a list
+    assert type(c.recorder[-1]) is list
     c.close()
     with pytest.raises(col.CommunicatorStateError, match="all_reduce: communicator is closed"):
         c.all_reduce(np.ones(2))

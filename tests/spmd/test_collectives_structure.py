@@ -312,14 +312,16 @@ def test_split_bad_color_is_local_error(comm):
 # ---------------------------------------------------------------- DeviceMesh
 
 
-def test_mesh_one_dimension(comm, xp):
-    mesh = col.DeviceMesh(comm, {"dp": comm.size})
-    try:
+def test_mesh_one_dimension_as_a_context_manager(comm, xp):
+    with col.DeviceMesh(comm, {"dp": comm.size}) as mesh:
         assert mesh.coord == {"dp": comm.rank}
         assert world_ranks(mesh["dp"], xp) == list(range(comm.size))
-        assert mesh["dp"] is mesh.group("dp")
-    finally:
-        mesh.close()
+        dp = mesh["dp"]
+        assert dp is mesh.group("dp")
+    assert mesh.closed and dp.closed  # what the mesh made is closed with it
+    mesh.close()  # again: nothing to do
+    with pytest.raises(col.CommunicatorStateError, match="^DeviceMesh.group: the mesh is closed"):
+        mesh["dp"]
     comm.barrier()  # closing the mesh leaves its parent alone
 
 

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import collectives as col
 
@@ -47,7 +48,7 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(
         with pytest.raises(col.CollectiveTimeoutError) as info:
             finished(comm, "all_reduce", x)
         waited = time.monotonic() - start
-        assert 1.0 <= waited < 3.0  # within timeout + 2 s
+        assert 1.0 <= waited < 30.0  # after the timeout, and long before the launch's limit
         message = str(info.value)
         assert "all_reduce #2" in message and "shape (3,)" in message
         missing = ", ".join(f"rank {r} (at collective #1)" for r in range(1, comm.size))
@@ -82,14 +83,11 @@ def test_timeout_says_what_each_rank_of_the_node_is_doing():
     elif comm.rank == 1:
         with pytest.raises(col.CollectiveTimeoutError):
             comm.recv(np.empty(2, np.int32), 0)
-    else:
-        time.sleep(1.5)
+    MPI.COMM_WORLD.Barrier()  # rank 2 stays in no call until the others have timed out
     comm.close()
 
 
 def _rank() -> int:
-    from mpi4py import MPI
-
     return MPI.COMM_WORLD.Get_rank()
 
 
@@ -116,12 +114,13 @@ def with_checks_over(comm, path: str):
     ranks span nodes)."""
     from collectives._check import Checker
 
+    books = comm._books
     if path == "mpi":
-        comm._checker.close()
-        comm._checker = Checker(comm, shared_memory=False)
-        assert comm._checker._board is None
+        books.checker.close()
+        books.checker = Checker(comm, shared_memory=False)
+        assert books.checker._board is None
     else:
-        assert comm._checker._board is not None
+        assert books.checker._board is not None
     return comm
 
 
@@ -170,8 +169,7 @@ def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_po
         assert "check before barrier, collective #3" in message  # call #5 here
         missing = ", ".join(f"rank {r} (at collective #2)" for r in range(1, comm.size))
         assert f"Ranks that have not reached collective #3: {missing}" in message
-    else:
-        time.sleep(2.0)  # let rank 0 time out, then leave together
+    MPI.COMM_WORLD.Barrier()  # the others leave once rank 0 has timed out
     comm.close()
 
 
@@ -264,10 +262,9 @@ def test_a_direct_call_holds_the_communicator_against_other_threads():
 
         thread = threading.Thread(target=stuck)
         thread.start()
-        deadline = time.monotonic() + 10
-        while comm._seq < 1 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while not comm.flight_record() and time.monotonic() < deadline:
+            time.sleep(0.001)  # recorded once it holds the communicator, until it times out
         with pytest.raises(col.CommunicatorStateError, match="in use by another thread"):
             comm.broadcast(np.ones(2))
         thread.join(30)

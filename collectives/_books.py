@@ -1,0 +1,124 @@
+"""The books a communicator keeps on its calls: one object that every call path reads and writes.
+
+Each call, whichever path runs it, does the same in this order:
+
+1. take the thread ``token`` (one thread at a time per communicator; a second one is refused);
+2. :meth:`CallBooks.number` it: ``seq`` counts every call; a collective also gets its number
+   among collectives, ``seq - p2p``, written to this rank's progress-board ``slots[slot]`` and,
+   in check mode, compared across ranks by ``checker``;
+3. append a flight-recorder entry to ``recorder``;
+4. post the call and wait for it (past ``yield_after`` of polling, under the timeout);
+5. stamp the entry's end and give the token back.
+
+Three paths do it: the general one (``Communicator._run``, every call), and the direct path,
+for a synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on the MPI backend, written
+twice: in Python (``_direct._run``, which calls :meth:`number`) and in C (``_fastmpi.c``:
+``run``, ``begin``, ``post_and_wait``), because a call into Python costs about what a small
+message costs on the wire. The C reads and writes the fields named in ``__slots__`` below, at
+the offsets their descriptors give. A change to the books is a change to this class and to
+the C twin of ``_direct._run``; ``tests/test_collectives_direct.py`` runs the same calls,
+failures included, through both direct paths and compares the books they leave.
+
+The direct path records an entry as a list ``[seq, call, shape, dtype, start, end]`` (``end``
+0.0 until it completes): an object is made only when someone reads the recorder
+(:func:`collectives._work.recorded`). When posting fails nothing is in flight and the entry is
+removed; when polling fails (``MPI_Test`` returns an error) the call was posted, so its entry
+stays, never completed, and the MPI error is raised.
+
+Example:
+    >>> books = comm._books
+    >>> comm.all_reduce(np.ones(2)); books.seq     # one more call
+    1
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+from ._check import POINT_TO_POINT
+from ._errors import state_error
+
+IN_USE = (
+    "the communicator is in use by another thread; issue collectives on one "
+    "communicator from one thread at a time"
+)
+
+
+class CallBooks:
+    """The per-call state of one communicator (see the module docstring for the order of use).
+
+    Attributes:
+        token: ``[None]`` while no call runs; a call pops it and appends it back (``list.pop``
+            and ``list.append`` are atomic and cost a third of a Lock's acquire and release).
+        seq: calls made so far; ``p2p``: how many of them were point-to-point. Collectives are
+            numbered apart (``seq - p2p``) because ranks that pair up for send/recv make
+            different numbers of them.
+        slots, slot: the progress board's words (64-bit ints) and this rank's index there.
+        checker: check mode's ``Checker``, or None.
+        recorder: the flight recorder, the last calls (entries or pendings).
+        yield_after: seconds of polling before a waiting rank yields its core.
+        wait_long: ``wait_long(request, entry, arrays)`` waits for a direct-path call that
+            outlasted ``yield_after``, under the timeout.
+        handle, rank, size, blocking: the direct path's MPI communicator (in the form
+            ``_direct.handle`` gives), this rank and the size, and whether its calls are
+            blocking MPI calls.
+    """
+
+    __slots__ = (
+        "token",
+        "seq",
+        "p2p",
+        "slots",
+        "slot",
+        "checker",
+        "recorder",
+        "yield_after",
+        "wait_long",
+        "handle",
+        "rank",
+        "size",
+        "blocking",
+    )
+
+    def __init__(
+        self,
+        slots: Any,
+        slot: int,
+        recorder_length: int,
+        yield_after: float,
+        wait_long: Callable[[Any, list, tuple], None],
+        rank: int,
+        size: int,
+    ):
+        self.token: list = [None]
+        self.seq = 0
+        self.p2p = 0
+        self.slots = slots
+        self.slot = slot
+        self.checker: Any = None
+        self.recorder: collections.deque = collections.deque(maxlen=recorder_length)
+        self.yield_after = yield_after
+        self.wait_long = wait_long
+        self.handle: Any = None
+        self.rank = rank
+        self.size = size
+        self.blocking = False
+
+    def take(self, call: str) -> None:
+        """Take the token, or raise ``CommunicatorStateError`` naming ``call``."""
+        try:
+            self.token.pop()
+        except IndexError:
+            raise state_error(call, IN_USE) from None
+
+    def number(self, call: str, array: Any, name: Any, op: Any, root: Any) -> int:
+        """Number one call (and check it in check mode); its ``seq``."""
+        self.seq = seq = self.seq + 1
+        if call in POINT_TO_POINT:
+            self.p2p += 1
+        else:
+            self.slots[self.slot] = nth = seq - self.p2p
+            if self.checker is not None:
+                self.checker.verify(nth, call, array, name, op, root)
+        return seq
