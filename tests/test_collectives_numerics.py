@@ -79,6 +79,11 @@ def test_float32_to_bfloat16_allocates_out_when_none():
     assert bits.tolist() == [[0x3F80, 0xC020], [0x7FC0, 0xFFC0]]  # NaNs quiet, sign kept
 
 
+def test_bfloat16_of_a_0d_array():
+    bits = float32_to_bfloat16(np.array(np.float32(2.5)))
+    assert bits.shape == () and float(bfloat16_to_float32(bits)) == 2.5
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
 def test_divide_in_place_truncates_toward_zero(dtype):
     info = np.iinfo(dtype)
