@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -112,16 +112,38 @@ def allreduce(comm: Any, bucket: Any) -> Any:
     return comm.all_reduce(buffer, op="sum", async_op=True)
 
 
+class _Wire(NamedTuple):
+    """How a compression wrapper's values travel."""
+
+    short: str  # names the wrapped hook: fp16_compress_wrapper(PowerSGD)
+    dtype: str  # data already of this dtype travels as it is
+    encode: Callable[[Any], tuple[Any, Any]]  # float values -> (what to send, its storage)
+    decode: Callable[[Any], Any]  # the storage, reduced -> float values
+
+
+def _to_float16(values: Any) -> tuple[Any, Any]:
+    packed = values.astype(np.float16)
+    return packed, packed
+
+
+def _to_bfloat16(values: Any) -> tuple[Any, Any]:
+    packed = float32_to_bfloat16(values.astype(np.float32, copy=False))
+    return col.as_bfloat16(packed), packed
+
+
+_FLOAT16 = _Wire("fp16", "float16", _to_float16, lambda packed: packed)
+_BFLOAT16 = _Wire("bf16", "bfloat16", _to_bfloat16, bfloat16_to_float32)
+
+
 class _CompressingComm:
     """The communicator a wrapped hook sees: its floating sum and avg all-reduces travel as
-    ``wire`` ("float16" or "bfloat16") and are cast back into the result; every other call
-    goes to ``comm`` unchanged.
+    ``wire`` and are cast back into the result; every other call goes to ``comm`` unchanged.
 
     An avg is divided by the world size before the cast, so the sum stays in half
     precision's range (the MPI backend's avg would sum first and could overflow).
     """
 
-    def __init__(self, comm: Any, wire: str):
+    def __init__(self, comm: Any, wire: _Wire):
         self._comm = comm
         self._wire = wire
 
@@ -133,22 +155,19 @@ class _CompressingComm:
     ) -> Any:
         kind = str(op).lower()
         dtype = getattr(x, "dtype", None)
-        if kind not in ("sum", "avg") or dtype is None or dtype.kind != "f" or dtype == self._wire:
+        wire = self._wire
+        if (
+            kind not in ("sum", "avg")
+            or dtype is None
+            or dtype.kind != "f"
+            or dtype.name == wire.dtype
+        ):
             return self._comm.all_reduce(x, op, out=out, async_op=async_op)
         result = x if out is None else out
-        scaled = x * dtype.type(1.0 / self._comm.size) if kind == "avg" else x
-        if self._wire == "float16":
-            packed = scaled.astype(np.float16)
-            send: Any = packed
+        send, packed = wire.encode(x * dtype.type(1.0 / self._comm.size) if kind == "avg" else x)
 
-            def decode() -> None:
-                result[...] = packed
-        else:
-            packed = float32_to_bfloat16(scaled.astype(np.float32, copy=False))
-            send = col.as_bfloat16(packed)
-
-            def decode() -> None:
-                result[...] = bfloat16_to_float32(packed)
+        def decode() -> None:
+            result[...] = wire.decode(packed)
 
         work = self._comm.all_reduce(send, op="sum", async_op=async_op)
         if not async_op:
@@ -157,13 +176,12 @@ class _CompressingComm:
         return HookWork([work], decode, device_array=result)
 
 
-def _compress_wrapper(hook: Any, wire: str) -> Callable[[Any, Any], Any]:
+def _compress_wrapper(hook: Any, wire: _Wire) -> Callable[[Any, Any], Any]:
     def compressed(comm: Any, bucket: Any) -> Any:
         return hook(_CompressingComm(comm, wire), bucket)
 
-    short = "fp16" if wire == "float16" else "bf16"
     inner = getattr(hook, "__name__", type(hook).__name__)
-    compressed.__name__ = compressed.__qualname__ = f"{short}_compress_wrapper({inner})"
+    compressed.__name__ = compressed.__qualname__ = f"{wire.short}_compress_wrapper({inner})"
     return compressed
 
 
@@ -177,7 +195,7 @@ def fp16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
         >>> hook = hooks.fp16_compress_wrapper(hooks.PowerSGD(rank=4))
         >>> ddp = DistributedDataParallel(params, comm, hook=hook)
     """
-    return _compress_wrapper(hook, "float16")
+    return _compress_wrapper(hook, _FLOAT16)
 
 
 def bf16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
@@ -190,7 +208,7 @@ def bf16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
     Example:
         >>> hook = hooks.bf16_compress_wrapper(hooks.allreduce)   # = hooks.bf16_compress
     """
-    return _compress_wrapper(hook, "bfloat16")
+    return _compress_wrapper(hook, _BFLOAT16)
 
 
 #: the all-reduce hook sent as float16: ``fp16_compress_wrapper(allreduce)``
