@@ -37,6 +37,11 @@ class BackendUnavailableError(CollectivesError):
     """The requested backend cannot run here (no GPU, no NCCL, CuPy missing...)."""
 
 
+# Errors are raised as their classes, the call's name first:
+# ``raise InvalidArgumentError(f"send: peer must be ...")``. These two helpers remain only
+# for the three raises of Communicator._run and _take_token, and go with them.
+
+
 def invalid(call: str, message: str) -> InvalidArgumentError:
     """``InvalidArgumentError`` with the call's name in front: ``invalid("send", "peer ...")``."""
     return InvalidArgumentError(f"{call}: {message}")
