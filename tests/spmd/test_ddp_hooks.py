@@ -107,7 +107,7 @@ def test_powersgd_warmup_is_exact_then_compresses(comm, xp):
 @pytest.mark.parametrize(
     "wrapper, rtol",
     # eight units of the wire's rounding (2**-11 for float16, 2**-8 for bfloat16); at 1, 2 and
-    # 4 ranks the largest seen was four
+    # 4 ranks the largest seen was 4.3 (float16, 4 ranks)
     [(hooks.fp16_compress_wrapper, 8 * 2**-11), (hooks.bf16_compress_wrapper, 8 * 2**-8)],
 )
 def test_compression_wraps_powersgd(comm, wrapper, rtol, xp):
