@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     with col.init(backend=args.backend) as comm:
-        xp = __import__("cupy") if comm.backend == "nccl" else np
+        xp = comm.xp
         dtype = np.dtype(args.dtype)
         shapes = transformer_shapes(args.layers, args.d_model, args.vocab, args.seq)
         numel = sum(int(np.prod(s)) for s in shapes.values())

@@ -10,11 +10,17 @@ Example:
     >>> import collectives as col
     >>> comm = col.init()                   # mpiexec -n 4 python script.py
     >>> comm.all_reduce(x, op="avg")
+
+The layers above (``ddp``, ``pipeline``) use only what is exported here: ``comm.xp`` (the
+backend's array module), ``array_module``, ``to_array``, ``DTYPES``, the bfloat16 rounding
+(``float32_to_bfloat16``, ``bfloat16_to_float32``) and the error classes, raised as
+``InvalidArgumentError(f"{call}: ...")``.
 """
 
 from ._abort import abort_on_exception, install_default
-from ._arrays import BFloat16Array, array_module, as_bfloat16
+from ._arrays import BFloat16Array, array_module, as_bfloat16, to_array
 from ._communicator import Communicator
+from ._dtypes import DTYPES
 from ._errors import (
     BackendUnavailableError,
     CollectiveMismatchError,
@@ -25,6 +31,7 @@ from ._errors import (
 )
 from ._init import BackendFallbackWarning, init
 from ._mesh import DeviceMesh
+from ._numerics import bfloat16_to_float32, float32_to_bfloat16
 from ._ops import ReduceOp
 from ._work import Work
 
@@ -40,11 +47,15 @@ __all__ = [
     "CollectivesError",
     "Communicator",
     "CommunicatorStateError",
+    "DTYPES",
     "DeviceMesh",
     "InvalidArgumentError",
     "ReduceOp",
     "Work",
     "array_module",
     "as_bfloat16",
+    "bfloat16_to_float32",
+    "float32_to_bfloat16",
     "init",
+    "to_array",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import NAME_OF_CHAR, dtype_name
-from ._errors import invalid
+from ._errors import InvalidArgumentError
 
 
 class BFloat16Array:
@@ -24,12 +24,13 @@ class BFloat16Array:
 
     def __init__(self, array: Any):
         if not (isinstance(array, np.ndarray) or is_device_array(array)):
-            raise invalid(
-                "as_bfloat16",
-                f"array must be a NumPy or CuPy uint16 array, got {type(array).__name__}",
+            raise InvalidArgumentError(
+                f"as_bfloat16: array must be a NumPy or CuPy uint16 array, got {type(array).__name__}"
             )
         if array.dtype != np.uint16:
-            raise invalid("as_bfloat16", f"array has dtype {array.dtype}, expected uint16")
+            raise InvalidArgumentError(
+                f"as_bfloat16: array has dtype {array.dtype}, expected uint16"
+            )
         self.array = array
 
     @property
@@ -66,8 +67,14 @@ def array_module(x: Any) -> ModuleType:
     return _cupy() if is_device_array(x) else np
 
 
-def to_array(obj: Any, call: str, arg: str) -> Any:
-    """NumPy/CuPy arrays pass through; other array objects are wrapped zero-copy."""
+def to_array(obj: Any, call: str = "to_array", arg: str = "x") -> Any:
+    """NumPy/CuPy arrays pass through; other array objects (torch tensors, anything with
+    DLPack or an array interface) are wrapped zero-copy; anything else raises
+    ``InvalidArgumentError`` naming ``call`` and ``arg``.
+
+    Example:
+        >>> g = to_array(tensor.grad, "step", "grads['w']")   # a NumPy or CuPy view of it
+    """
     if isinstance(obj, (np.ndarray, BFloat16Array)) or is_device_array(obj):
         return obj
     if hasattr(obj, "__cuda_array_interface__"):
@@ -83,8 +90,8 @@ def to_array(obj: Any, call: str, arg: str) -> Any:
         return np.from_dlpack(obj)
     if hasattr(obj, "__array_interface__"):
         return np.asarray(obj)
-    raise invalid(
-        call, f"{arg} must be a NumPy or CuPy array (or expose DLPack), got {type(obj).__name__}"
+    raise InvalidArgumentError(
+        f"{call}: {arg} must be a NumPy or CuPy array (or expose DLPack), got {type(obj).__name__}"
     )
 
 
@@ -110,7 +117,9 @@ def _unwrap(x: Any, call: str, arg: str) -> tuple[Any, str]:
             if name == "bfloat16":  # ml_dtypes' NumPy bfloat16: the same bits, seen as uint16
                 array = array.view(np.uint16)
     if not array.flags.c_contiguous:
-        raise invalid(call, f"{arg} must be C-contiguous, got strides {array.strides}")
+        raise InvalidArgumentError(
+            f"{call}: {arg} must be C-contiguous, got strides {array.strides}"
+        )
     return array, name
 
 
@@ -155,15 +164,16 @@ def _is_bfloat16_dtype(dtype: Any) -> bool:
 def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tuple) -> None:
     """``out`` must match ``x``'s dtype and array module, and have ``shape``."""
     if out_name != x_name:
-        raise invalid(call, f"out has dtype {out_name}, expected {x_name} (the dtype of x)")
+        raise InvalidArgumentError(
+            f"{call}: out has dtype {out_name}, expected {x_name} (the dtype of x)"
+        )
     if type(out) is not type(x):
-        raise invalid(
-            call,
-            f"out is a {type(out).__module__}.{type(out).__name__}, expected a "
-            f"{type(x).__module__}.{type(x).__name__} like x",
+        raise InvalidArgumentError(
+            f"{call}: out is a {type(out).__module__}.{type(out).__name__}, expected a "
+            f"{type(x).__module__}.{type(x).__name__} like x"
         )
     if out.shape != shape:
-        raise invalid(call, f"out has shape {out.shape}, expected {shape}")
+        raise InvalidArgumentError(f"{call}: out has shape {out.shape}, expected {shape}")
 
 
 # np.may_share_memory without the __array_function__ dispatch, which doubles its cost (a hot
@@ -184,7 +194,9 @@ def overlap_check(call: str, x: Any, out: Any) -> bool:
     if x_ptr == out_ptr and x.nbytes == out.nbytes:
         return True
     if x.nbytes and out.nbytes and x_ptr < out_ptr + out.nbytes and out_ptr < x_ptr + x.nbytes:
-        raise invalid(call, "out overlaps x without being the same memory; pass distinct buffers")
+        raise InvalidArgumentError(
+            f"{call}: out overlaps x without being the same memory; pass distinct buffers"
+        )
     return False
 
 

@@ -37,7 +37,7 @@ import collections
 from typing import Any, Callable
 
 from ._check import POINT_TO_POINT
-from ._errors import state_error
+from ._errors import CommunicatorStateError
 
 IN_USE = (
     "the communicator is in use by another thread; issue collectives on one "
@@ -110,7 +110,7 @@ class CallBooks:
         try:
             self.token.pop()
         except IndexError:
-            raise state_error(call, IN_USE) from None
+            raise CommunicatorStateError(f"{call}: {IN_USE}") from None
 
     def number(self, call: str, array: Any, name: Any, op: Any, root: Any) -> int:
         """Number one call (and check it in check mode); its ``seq``."""

@@ -27,7 +27,12 @@ from ._books import IN_USE, CallBooks
 from ._check import Checker
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
-from ._errors import CollectivesError, CollectiveTimeoutError, invalid, state_error
+from ._errors import (
+    CollectivesError,
+    CollectiveTimeoutError,
+    CommunicatorStateError,
+    InvalidArgumentError,
+)
 from ._mpi import MpiBackend, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
@@ -278,12 +283,11 @@ class Communicator:
             else:
                 out = self._slot_out("scatter", out, x, name, x.shape[1:], out_is_part=True)
         elif self.rank == root:
-            raise invalid("scatter", "x is required on root, got None")
+            raise InvalidArgumentError("scatter: x is required on root, got None")
         elif out is None:
-            raise invalid(
-                "scatter",
-                "x is required on root; other ranks need out (or an x of root's shape), "
-                "got x=None and out=None",
+            raise InvalidArgumentError(
+                "scatter: x is required on root; other ranks need out (or an x of root's shape), "
+                "got x=None and out=None"
             )
         else:
             out, name = unwrap(out, "scatter", "out")
@@ -353,7 +357,9 @@ class Communicator:
         """
         self._usable("split")
         if color is not None and (not isinstance(color, int) or color < 0):
-            raise invalid("split", f"color must be a non-negative int or None, got {color!r}")
+            raise InvalidArgumentError(
+                f"split: color must be a non-negative int or None, got {color!r}"
+            )
         key = self.rank if key is None else key
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
         impl, extra = self._impl.split(child, color, key)
@@ -395,6 +401,20 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    @property
+    def xp(self) -> Any:
+        """The array module of the backend: ``numpy`` for mpi, ``cupy`` for nccl (whose
+        calls take device arrays only).
+
+        Example:
+            >>> buf = comm.xp.zeros(4, comm.xp.float32)   # an array this backend takes
+        """
+        if self.backend == "nccl":
+            import cupy
+
+            return cupy
+        return np
 
     @property
     def closed(self) -> bool:
@@ -453,12 +473,14 @@ class Communicator:
             self._check_arrays(call, x, out)
         if type(out) is np.ndarray and not out.flags.writeable:
             what = "x" if out is x else "out"
-            raise invalid(call, f"{what} is read-only, and {call} writes its result there")
+            raise InvalidArgumentError(
+                f"{call}: {what} is read-only, and {call} writes its result there"
+            )
         books = self._books
         books.take(call)
         try:
             if self._group is not None and self._group_owner != threading.get_ident():
-                raise state_error(call, IN_USE)
+                raise CommunicatorStateError(f"{call}: {IN_USE}")
             array = x if x is not None else out
             seq = books.number(call, array, name, op, root)
             stager = self._mpi
@@ -539,8 +561,10 @@ class Communicator:
     def _unusable_error(self, call: str) -> CollectivesError:
         reason = self._unusable
         if isinstance(reason, _Closed):
-            return state_error(call, f"{reason} (rank {self.rank})")
-        return state_error(call, f"communicator is unusable after an earlier error: {reason}")
+            return CommunicatorStateError(f"{call}: {reason} (rank {self.rank})")
+        return CommunicatorStateError(
+            f"{call}: communicator is unusable after an earlier error: {reason}"
+        )
 
     def _usable(self, call: str) -> None:
         if self._unusable is not None:
@@ -564,21 +588,26 @@ class Communicator:
 
     def _root(self, call: str, root: Any) -> None:
         if type(root) is not int or not 0 <= root < self.size:
-            raise invalid(call, f"root must be an int in [0, {self.size}), got {root!r}")
+            raise InvalidArgumentError(
+                f"{call}: root must be an int in [0, {self.size}), got {root!r}"
+            )
 
     def _peer(self, call: str, peer: Any) -> None:
         if type(peer) is not int or not 0 <= peer < self.size:
-            raise invalid(call, f"peer must be an int in [0, {self.size}), got {peer!r}")
+            raise InvalidArgumentError(
+                f"{call}: peer must be an int in [0, {self.size}), got {peer!r}"
+            )
         if peer == self.rank and self._group is None:
-            raise invalid(
-                call,
-                f"peer {peer} is this rank: a {call} to itself outside "
-                "comm.group() can never complete",
+            raise InvalidArgumentError(
+                f"{call}: peer {peer} is this rank: a {call} to itself outside "
+                "comm.group() can never complete"
             )
 
     def _leading(self, call: str, x: Any) -> None:
         if x.ndim == 0 or x.shape[0] != self.size:
-            raise invalid(call, f"x has shape {x.shape}, expected a first axis of size {self.size}")
+            raise InvalidArgumentError(
+                f"{call}: x has shape {x.shape}, expected a first axis of size {self.size}"
+            )
 
     def _new(self, x: Any, shape: tuple) -> Any:
         xp = array_module(x)

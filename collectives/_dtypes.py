@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._errors import invalid
+from ._errors import InvalidArgumentError
 from ._ops import ReduceOp
 
 #: dtype name -> numpy dtype of the memory that holds it
@@ -28,6 +28,9 @@ STORAGE: dict[str, np.dtype] = {
     "complex64": np.dtype(np.complex64),
     "complex128": np.dtype(np.complex128),
 }
+
+#: the dtype names every backend carries, in a fixed order (a dtype's index is a stable code)
+DTYPES: tuple[str, ...] = tuple(STORAGE)
 
 #: dtype name -> NCCL ncclDataType_t (complex travels as twice as many reals)
 NCCL_TYPE = {
@@ -64,13 +67,14 @@ def dtype_name(dtype: np.dtype, call: str, arg: str = "x") -> str:
     if dtype.name == "bfloat16":  # ml_dtypes' NumPy bfloat16
         return "bfloat16"
     hint = " (wrap uint16 bfloat16 data with collectives.as_bfloat16)" if dtype == np.uint16 else ""
-    raise invalid(
-        call,
-        f"{arg} has dtype {dtype}, expected one of {', '.join(STORAGE)}{hint}",
+    raise InvalidArgumentError(
+        f"{call}: {arg} has dtype {dtype}, expected one of {', '.join(STORAGE)}{hint}"
     )
 
 
 def check_op_for_dtype(op: ReduceOp, name: str, call: str) -> None:
     """Complex data only supports sum and avg (NCCL reduces it as pairs of reals)."""
     if name in COMPLEX and op not in (ReduceOp.SUM, ReduceOp.AVG):
-        raise invalid(call, f"op {op} is not defined for {name}, expected sum or avg")
+        raise InvalidArgumentError(
+            f"{call}: op {op} is not defined for {name}, expected sum or avg"
+        )

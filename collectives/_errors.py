@@ -37,11 +37,5 @@ class BackendUnavailableError(CollectivesError):
     """The requested backend cannot run here (no GPU, no NCCL, CuPy missing...)."""
 
 
-def invalid(call: str, message: str) -> InvalidArgumentError:
-    """``InvalidArgumentError`` with the call's name in front: ``invalid("send", "peer ...")``."""
-    return InvalidArgumentError(f"{call}: {message}")
-
-
-def state_error(call: str, message: str) -> CommunicatorStateError:
-    """``CommunicatorStateError`` with the call's name in front."""
-    return CommunicatorStateError(f"{call}: {message}")
+# Errors are raised as their classes, the call's name first:
+# ``raise InvalidArgumentError(f"send: peer must be ...")``.

@@ -10,7 +10,7 @@ from mpi4py import MPI
 from ._backend import Backend
 from ._bootstrap import MpiBootstrap
 from ._communicator import Communicator
-from ._errors import BackendUnavailableError, InvalidArgumentError, invalid
+from ._errors import BackendUnavailableError, InvalidArgumentError
 from ._mpi import MpiBackend
 from ._nccl_rules import shared_gpu_reason
 
@@ -52,21 +52,29 @@ def init(
         ...     comm.all_reduce(x, op="avg")
     """
     if backend not in BACKENDS:
-        raise invalid("init", f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise InvalidArgumentError(
+            f"init: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+        )
     if backend == "auto":
         backend = os.environ.get("COLLECTIVES_BACKEND", "auto") or "auto"
         if backend not in BACKENDS:
-            raise invalid(
-                "init", f"COLLECTIVES_BACKEND must be one of {', '.join(BACKENDS)}, got {backend!r}"
+            raise InvalidArgumentError(
+                f"init: COLLECTIVES_BACKEND must be one of {', '.join(BACKENDS)}, got {backend!r}"
             )
     if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise invalid("init", f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise InvalidArgumentError(
+            f"init: timeout must be a positive number of seconds, got {timeout!r}"
+        )
     if device is not None and (type(device) is not int or device < 0):
-        raise invalid("init", f"device must be a non-negative int or None, got {device!r}")
+        raise InvalidArgumentError(
+            f"init: device must be a non-negative int or None, got {device!r}"
+        )
     if check is None:
         check = os.environ.get("COLLECTIVES_CHECK", "0") not in ("", "0")
     if mpi_blocking is not None and type(mpi_blocking) is not bool:
-        raise invalid("init", f"mpi_blocking must be True, False or None, got {mpi_blocking!r}")
+        raise InvalidArgumentError(
+            f"init: mpi_blocking must be True, False or None, got {mpi_blocking!r}"
+        )
 
     mpi_comm = MPI.COMM_WORLD.Dup()
     try:
@@ -119,7 +127,7 @@ def _choose(backend: str, mpi_comm: MPI.Comm, device: int | None) -> tuple[str, 
     everyone = mpi_comm.allgather(found)
     errors = [f for f in everyone if isinstance(f, str)]
     if errors:  # raised on every rank, so that none waits for the others in NCCL
-        raise invalid("init", errors[0].removeprefix("init: "))
+        raise InvalidArgumentError(errors[0])
     version = min(f[4] for f in everyone)
     why = shared_gpu_reason([f[:4] for f in everyone], version)
     if why is None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._communicator import Communicator
-from ._errors import invalid, state_error
+from ._errors import CommunicatorStateError, InvalidArgumentError
 
 
 def mesh_coords(rank: int, shape: Mapping[str, int]) -> dict[str, int]:
@@ -73,18 +73,16 @@ class DeviceMesh:
     def __init__(self, comm: Communicator, shape: Mapping[str, int]):
         shape = dict(shape)
         if not shape:
-            raise invalid("DeviceMesh", "shape must name at least one dimension, got {}")
+            raise InvalidArgumentError("DeviceMesh: shape must name at least one dimension, got {}")
         for name, extent in shape.items():
             if not isinstance(name, str) or type(extent) is not int or extent < 1:
-                raise invalid(
-                    "DeviceMesh",
-                    f"dimension {name!r} must be a str with a positive int size, got {extent!r}",
+                raise InvalidArgumentError(
+                    f"DeviceMesh: dimension {name!r} must be a str with a positive int size, got {extent!r}"
                 )
         if math.prod(shape.values()) != comm.size:
-            raise invalid(
-                "DeviceMesh",
-                f"sizes {shape} multiply to {math.prod(shape.values())}, "
-                f"expected comm.size = {comm.size}",
+            raise InvalidArgumentError(
+                f"DeviceMesh: sizes {shape} multiply to {math.prod(shape.values())}, "
+                f"expected comm.size = {comm.size}"
             )
         self.comm = comm
         self.shape = shape
@@ -103,9 +101,11 @@ class DeviceMesh:
         key = tuple(n for n in self.names if n in names)
         unknown = [n for n in names if n not in self.shape]
         if unknown or not names:
-            raise invalid("DeviceMesh.group", f"names must be among {self.names}, got {names}")
+            raise InvalidArgumentError(
+                f"DeviceMesh.group: names must be among {self.names}, got {names}"
+            )
         if self.closed:
-            raise state_error("DeviceMesh.group", "the mesh is closed")
+            raise CommunicatorStateError("DeviceMesh.group: the mesh is closed")
         if key not in self._groups:
             color = group_color(self.comm.rank, self.shape, key)
             sub = self.comm.split(color, key=self.comm.rank)

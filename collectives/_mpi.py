@@ -20,6 +20,7 @@ from ._arrays import array_module, is_device_array, is_slot
 from ._backend import Verb
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._errors import CollectiveTimeoutError
+from ._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from ._ops import BY_NAME, ReduceOp
 from ._work import Pending
 
@@ -127,34 +128,6 @@ def library_path() -> str | None:
     except OSError:
         pass
     return None
-
-
-def divide_in_place(out: Any, size: int) -> None:
-    """AVG's division; integers truncate toward zero, as NCCL's ncclAvg does."""
-    if out.dtype.kind in "fc":
-        out /= size
-    else:
-        # Floor division corrected toward zero (abs() would overflow the minimum integer).
-        quotient = out // size
-        quotient += ((out % size) != 0) & (out < 0)
-        out[...] = quotient
-
-
-def bfloat16_to_float32(bits: Any) -> Any:
-    xp = np if isinstance(bits, np.ndarray) else __import__("cupy")
-    wide = bits.astype(xp.uint32)
-    wide <<= 16  # in place, so that a 0-d array stays an array (a writable buffer)
-    return wide.view(xp.float32)
-
-
-def float32_to_bfloat16(values: Any, out: Any) -> None:
-    """Round float32 to bfloat16 bits (round to nearest even), written into uint16 ``out``."""
-    xp = np if isinstance(values, np.ndarray) else __import__("cupy")
-    b = values.view(xp.uint32).astype(xp.uint64)  # uint64: the rounding add cannot wrap
-    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(xp.uint16)
-    # NaNs stay (quiet) NaNs: rounding would carry their payload into the exponent.
-    quiet_nan = ((b >> 16) | 0x0040).astype(xp.uint16)
-    out[...] = xp.where(values != values, quiet_nan, rounded)
 
 
 def _decode(x: Any, name: str) -> Any:

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from . import _nccl_group as groups
+from . import _numerics
 from ._arrays import is_slot
 from ._backend import Bootstrap
 from ._deadline import overdue
@@ -33,8 +34,8 @@ from ._errors import (
     BackendUnavailableError,
     CollectivesError,
     CollectiveTimeoutError,
-    invalid,
-    state_error,
+    CommunicatorStateError,
+    InvalidArgumentError,
 )
 from ._nccl_rules import cuda_error, event_query_done, nccl_error
 from ._ops import ReduceOp
@@ -77,15 +78,6 @@ def device_stream(device: int) -> Any:
         return stream
 
 
-def completion_event(work: Any) -> Any:
-    """The CUDA event a ``Work`` (or a hook's work made of Works) completes with, or None
-    (MPI, a call still held by an open group, a hook that communicates in ``wait``)."""
-    works = getattr(work, "_works", None)
-    if works:
-        work = works[-1]
-    return getattr(getattr(work, "_pending", None), "event", None)
-
-
 class NcclPending(Pending):
     event: Any = None
     error: CollectivesError | None = None
@@ -120,9 +112,8 @@ class NcclPending(Pending):
                 # Held by another communicator's group on this thread: ordered at its end.
                 groups.current().wait_at_end(self)
                 return
-            raise invalid(
-                "Work.wait",
-                "the call is inside a comm.group() that has not ended; wait after the with-block",
+            raise InvalidArgumentError(
+                "Work.wait: the call is inside a comm.group() that has not ended; wait after the with-block"
             )
         if self.blocking:
             self.synchronize(comm)
@@ -133,10 +124,9 @@ class NcclPending(Pending):
         if self.error is not None:
             raise self.error
         if self.event is None:
-            raise invalid(
-                "Work.synchronize",
-                "the call is inside a comm.group() that has not "
-                "ended; synchronize after the with-block",
+            raise InvalidArgumentError(
+                "Work.synchronize: the call is inside a comm.group() that has not "
+                "ended; synchronize after the with-block"
             )
         while not self.test():
             self.backend.raise_if_failed()
@@ -243,7 +233,8 @@ class NcclBackend:
             if strict and self._error is not None:
                 raise self._error
             if strict and self.comm is None:
-                raise state_error(pending.call if pending else "nccl", "communicator is closed")
+                call = pending.call if pending else "nccl"
+                raise CommunicatorStateError(f"{call}: communicator is closed")
             self._entered = (time.monotonic(), pending)
 
     def _leave(self, released: int = 0) -> None:
@@ -351,16 +342,14 @@ class NcclBackend:
             if a is None:
                 continue
             if not isinstance(a, self.cupy.ndarray):
-                raise invalid(
-                    call,
-                    f"{arg} must be a CuPy array on device {self.device} for the "
-                    f"nccl backend, got {type(a).__module__}.{type(a).__name__}",
+                raise InvalidArgumentError(
+                    f"{call}: {arg} must be a CuPy array on device {self.device} for the "
+                    f"nccl backend, got {type(a).__module__}.{type(a).__name__}"
                 )
             if a.device.id != self.device:
-                raise invalid(
-                    call,
-                    f"{arg} is on device {a.device.id}, expected device "
-                    f"{self.device} (the communicator's)",
+                raise InvalidArgumentError(
+                    f"{call}: {arg} is on device {a.device.id}, expected device "
+                    f"{self.device} (the communicator's)"
                 )
 
     def _polled(self, event: Any, call: str) -> bool:
@@ -474,9 +463,7 @@ class NcclBackend:
         """NCCL before 2.10 has no ncclAvg: the division that follows the reduction on the
         stream (``_launch``'s ``then``), or None."""
         if op is ReduceOp.AVG and not self.has_avg:
-            from ._mpi import divide_in_place
-
-            return lambda: divide_in_place(out, self.size)
+            return lambda: _numerics.divide_in_place(out, self.size)
         return None
 
     # Each verb: (x, out, name, op, root) -> NcclPending. Everything a verb enqueues goes
@@ -536,10 +523,9 @@ class NcclBackend:
     def all_to_all(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
         in_place = out is x
         if in_place and groups.current().open:
-            raise invalid(
-                "all_to_all",
-                "the in-place form (out is x) cannot run inside "
-                "comm.group() on NCCL; pass a distinct out",
+            raise InvalidArgumentError(
+                "all_to_all: the in-place form (out is x) cannot run inside "
+                "comm.group() on NCCL; pass a distinct out"
             )
         target = out
         if in_place:
@@ -681,7 +667,7 @@ class NcclBackend:
         """A backend over the ranks of ``color``: ``ncclCommSplit`` where every rank's NCCL
         has it, else a fresh communicator whose unique id travels over ``child_mpi``."""
         if groups.current().open:
-            raise invalid("split", "cannot split inside comm.group()")
+            raise InvalidArgumentError("split: cannot split inside comm.group()")
         # CuPy's commSplit: "there should not be any outstanding NCCL operations on the comm.
         # Otherwise, it might cause a deadlock."
         self._drain("split")
@@ -713,7 +699,7 @@ class NcclBackend:
         """Destroy once the work in flight has finished; abort if it has not within the
         timeout (a peer that never arrives must not hang ``close``)."""
         if groups.current().open:  # NCCL would defer the destroy (or abort) to the group's end
-            raise state_error("close", "inside comm.group(); close after the with-block")
+            raise CommunicatorStateError("close: inside comm.group(); close after the with-block")
         with self._lock:
             comm, self.comm = self.comm, None
         if comm is None:  # taken by an abort, which stops the watchdog once it is through
@@ -805,7 +791,7 @@ def choose_device(device: int | None, local_rank: int) -> int:
     count = cupy.cuda.runtime.getDeviceCount()
     chosen = local_rank % count if device is None else device
     if not 0 <= chosen < count:
-        raise invalid("init", f"device must be in [0, {count}), got {device}")
+        raise InvalidArgumentError(f"init: device must be in [0, {count}), got {device}")
     return chosen
 
 

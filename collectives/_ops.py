@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from ._errors import invalid
+from ._errors import InvalidArgumentError
 
 
 class ReduceOp(enum.IntEnum):
@@ -34,4 +34,4 @@ def parse_op(op: ReduceOp | str, call: str) -> ReduceOp:
         return op
     if isinstance(op, str) and op.lower() in BY_NAME:
         return BY_NAME[op.lower()]
-    raise invalid(call, f"op must be one of sum, prod, max, min, avg, got {op!r}")
+    raise InvalidArgumentError(f"{call}: op must be one of sum, prod, max, min, avg, got {op!r}")

@@ -179,6 +179,17 @@ class Work:
         return self._result
 
     @property
+    def event(self) -> Any:
+        """The CUDA event the operation completes with on the NCCL backend, or None (MPI, or
+        a call still held by an open ``comm.group()``).
+
+        Example:
+            >>> work = comm.all_reduce(grad, async_op=True)
+            >>> work.event.synchronize() if work.event is not None else work.wait()
+        """
+        return getattr(self._pending, "event", None)
+
+    @property
     def result(self) -> Any:
         """The output array (valid once waited)."""
         return self._result

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives._errors import invalid
+from collectives import InvalidArgumentError
 
 _MB = 1 << 20
 
@@ -66,10 +66,12 @@ def assign_buckets(
         [('d', 'c'), ('b', 'a')]
     """
     if bucket_cap_mb <= 0 or not math.isfinite(bucket_cap_mb):
-        raise invalid("assign_buckets", f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        raise InvalidArgumentError(
+            f"assign_buckets: bucket_cap_mb must be > 0, got {bucket_cap_mb}"
+        )
     if first_bucket_cap_mb <= 0 or not math.isfinite(first_bucket_cap_mb):
-        raise invalid(
-            "assign_buckets", f"first_bucket_cap_mb must be > 0, got {first_bucket_cap_mb}"
+        raise InvalidArgumentError(
+            f"assign_buckets: first_bucket_cap_mb must be > 0, got {first_bucket_cap_mb}"
         )
     items = [(name, *_describe(value)) for name, value in params.items()]
     order = {name: i for i, (name, _, _) in enumerate(reversed(items))}

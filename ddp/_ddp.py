@@ -12,10 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import CollectiveMismatchError, array_module
-from collectives._arrays import to_array
-from collectives._errors import invalid
-from collectives._nccl import completion_event
+from collectives import CollectiveMismatchError, InvalidArgumentError, array_module, to_array
 from collectives.timeline import span as timeline_span
 
 from . import hooks as _hooks
@@ -82,7 +79,9 @@ class _Clock:
     def mark_completion(self, index: int, work: Any) -> None:
         """Bucket ``index`` ends when its work's own completion event does (NCCL), not when
         the caller gets round to waiting, by which time later buckets are queued too."""
-        event = completion_event(work) if self._cuda else None
+        event = (
+            getattr(work, "event", None) if self._cuda else None
+        )  # a hook may return any Work-like
         device = getattr(self._comm, "device", None)
         if event is None or device is None:
             return
@@ -145,19 +144,19 @@ class DistributedDataParallel:
         hook: Callable[[Any, Bucket], Any] | None = None,
     ):
         if not isinstance(params, Mapping):
-            raise invalid(
-                _CALL, f"params must be a mapping name -> array, got {type(params).__name__}"
+            raise InvalidArgumentError(
+                f"{_CALL}: params must be a mapping name -> array, got {type(params).__name__}"
             )
         if len(params) == 0:
-            raise invalid(_CALL, "params is empty, expected at least one parameter")
+            raise InvalidArgumentError(f"{_CALL}: params is empty, expected at least one parameter")
         self.comm = comm
         self.params = {name: to_array(p, _CALL, f"params[{name!r}]") for name, p in params.items()}
         self._xp = self._check_arrays()
         if broadcast_from is not None and not (
             int(broadcast_from) == broadcast_from and 0 <= broadcast_from < comm.size
         ):
-            raise invalid(
-                _CALL, f"broadcast_from must be None or in [0, {comm.size}), got {broadcast_from}"
+            raise InvalidArgumentError(
+                f"{_CALL}: broadcast_from must be None or in [0, {comm.size}), got {broadcast_from}"
             )
         self.hook = _hooks.allreduce if hook is None else hook
         specs = assign_buckets(self.params, bucket_cap_mb, first_bucket_cap_mb)
@@ -193,16 +192,18 @@ class DistributedDataParallel:
         modules = set()
         for name, p in self.params.items():
             if p.dtype.kind not in "fc":
-                raise invalid(
-                    _CALL, f"params[{name!r}] has dtype {p.dtype}, expected a floating dtype"
+                raise InvalidArgumentError(
+                    f"{_CALL}: params[{name!r}] has dtype {p.dtype}, expected a floating dtype"
                 )
             modules.add(array_module(p))
         if len(modules) > 1:
-            raise invalid(_CALL, "params mix NumPy and CuPy arrays, expected one kind")
+            raise InvalidArgumentError(
+                f"{_CALL}: params mix NumPy and CuPy arrays, expected one kind"
+            )
         xp = modules.pop()
         if self.comm.backend == "nccl" and xp is np:
-            raise invalid(
-                _CALL, "params are NumPy arrays, expected CuPy arrays for the nccl backend"
+            raise InvalidArgumentError(
+                f"{_CALL}: params are NumPy arrays, expected CuPy arrays for the nccl backend"
             )
         return xp
 
@@ -266,7 +267,9 @@ class DistributedDataParallel:
         if value is None:
             return None
         if not (isinstance(value, (int, float, np.floating, np.integer)) and 0 <= value < math.inf):
-            raise invalid(call, f"weight must be None or a finite number >= 0, got {value!r}")
+            raise InvalidArgumentError(
+                f"{call}: weight must be None or a finite number >= 0, got {value!r}"
+            )
         return float(value)
 
     @property
@@ -288,13 +291,12 @@ class DistributedDataParallel:
         its reduction at once (buckets always start in order, the same on every rank)."""
         index = self._bucket_of.get(name)
         if index is None:
-            raise invalid(
-                "mark_ready", f"name {name!r} is not one of the {len(self.params)} parameters"
+            raise InvalidArgumentError(
+                f"mark_ready: name {name!r} is not one of the {len(self.params)} parameters"
             )
         if name in self._marked:
-            raise invalid(
-                "mark_ready",
-                f"gradient {name!r} was already marked ready in this step (call finish() first)",
+            raise InvalidArgumentError(
+                f"mark_ready: gradient {name!r} was already marked ready in this step (call finish() first)"
             )
         self._marked.add(name)
         self._open = True
@@ -348,8 +350,14 @@ class DistributedDataParallel:
             if (index, "end") not in self._clock.marks:  # no completion event to go by
                 self._clock.mark(index, "end")
             bucket = self.buckets[index]
-            timeline_span("ddp buckets", f"bucket {index}", self._launched_at[index],
-                          time.monotonic(), bytes=bucket.nbytes, dtype=str(bucket.dtype))
+            timeline_span(
+                "ddp buckets",
+                f"bucket {index}",
+                self._launched_at[index],
+                time.monotonic(),
+                bytes=bucket.nbytes,
+                dtype=str(bucket.dtype),
+            )
         waited = time.perf_counter() - t0
         self._stats.wait_s = waited
         self._stats.total_wait_s += waited
@@ -365,7 +373,9 @@ class DistributedDataParallel:
             >>> backward(micro_batch_2); ddp.finish()       # reduces the sum of both
         """
         if self._next > 0:
-            raise invalid("no_sync", "reductions of this step already started; call finish() first")
+            raise InvalidArgumentError(
+                "no_sync: reductions of this step already started; call finish() first"
+            )
         previous, self._sync = self._sync, False
         try:
             yield
@@ -390,7 +400,9 @@ class DistributedDataParallel:
         if not self._sync:
             return
         if self._next > 0 or self._marked:
-            raise invalid(call, "a mark_ready step is in progress; call finish() first")
+            raise InvalidArgumentError(
+                f"{call}: a mark_ready step is in progress; call finish() first"
+            )
         weight = self._weight if weight is None else self._checked_weight(weight, call)
         arrays = self._checked_grads(grads, call)
         for bucket, table in zip(self.buckets, self._tables):
@@ -404,28 +416,26 @@ class DistributedDataParallel:
 
     def _checked_grads(self, grads: Mapping[str, Any], call: str) -> dict[str, Any]:
         if not isinstance(grads, Mapping):
-            raise invalid(
-                call, f"grads must be a mapping name -> array, got {type(grads).__name__}"
+            raise InvalidArgumentError(
+                f"{call}: grads must be a mapping name -> array, got {type(grads).__name__}"
             )
         missing = [n for n in self.params if n not in grads]
         extra = [n for n in grads if n not in self.params]
         if missing or extra:
-            raise invalid(
-                call,
-                f"grads must have the parameters' names; missing {missing}, unknown {extra}",
+            raise InvalidArgumentError(
+                f"{call}: grads must have the parameters' names; missing {missing}, unknown {extra}"
             )
         out = {}
         for name, p in self.params.items():
             g = to_array(grads[name], call, f"grads[{name!r}]")
             if tuple(g.shape) != tuple(p.shape) or g.dtype != p.dtype:
-                raise invalid(
-                    call,
-                    f"grads[{name!r}] has shape {tuple(g.shape)} dtype {g.dtype}, "
-                    f"expected {tuple(p.shape)} {p.dtype}",
+                raise InvalidArgumentError(
+                    f"{call}: grads[{name!r}] has shape {tuple(g.shape)} dtype {g.dtype}, "
+                    f"expected {tuple(p.shape)} {p.dtype}"
                 )
             if array_module(g) is not self._xp:
-                raise invalid(
-                    call, f"grads[{name!r}] is not a {self._xp.__name__} array like params"
+                raise InvalidArgumentError(
+                    f"{call}: grads[{name!r}] is not a {self._xp.__name__} array like params"
                 )
             out[name] = g
         return out
@@ -442,7 +452,7 @@ class DistributedDataParallel:
         """
         call = "broadcast_buffers"
         if not (int(root) == root and 0 <= root < self.comm.size):
-            raise invalid(call, f"root must be in [0, {self.comm.size}), got {root}")
+            raise InvalidArgumentError(f"{call}: root must be in [0, {self.comm.size}), got {root}")
         arrays = list(buffers.values()) if isinstance(buffers, Mapping) else list(buffers)
         works = [self.comm.broadcast(a, root=int(root), async_op=True) for a in arrays]
         for work in works:

@@ -12,17 +12,9 @@ from typing import Any
 import numpy as np
 
 
-def _module(comm: Any):
-    if comm.backend == "nccl":
-        import cupy
-
-        return cupy
-    return np
-
-
 def reduce_scalars(comm: Any, values: Sequence[float], op: str) -> list[float]:
     """All-reduce a few float64 numbers with ``op``; every rank gets the same list."""
-    xp = _module(comm)
+    xp = comm.xp
     buf = xp.asarray(np.asarray(values, dtype=np.float64))
     comm.all_reduce(buf, op=op)
     return [float(v) for v in _host(buf)]
@@ -30,7 +22,7 @@ def reduce_scalars(comm: Any, values: Sequence[float], op: str) -> list[float]:
 
 def gather_scalars(comm: Any, values: Sequence[float]) -> np.ndarray:
     """All-gather a few float64 numbers: row r of the (size, len(values)) result is rank r's."""
-    xp = _module(comm)
+    xp = comm.xp
     buf = xp.asarray(np.asarray(values, dtype=np.float64))
     out = xp.empty((comm.size, buf.size), dtype=np.float64)
     comm.all_gather(buf, out=out)

@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import array_module
-from collectives._errors import invalid
+from collectives import InvalidArgumentError, array_module
 
 from ._scalars import reduce_scalars
 
@@ -20,10 +19,12 @@ def _arrays(grads: Any, call: str, arg: str) -> list[Any]:
     if isinstance(grads, Mapping):
         return list(grads.values())
     if hasattr(grads, "shape") and hasattr(grads, "dtype"):
-        raise invalid(call, f"{arg} must be a mapping or a sequence of arrays, got one array")
+        raise InvalidArgumentError(
+            f"{call}: {arg} must be a mapping or a sequence of arrays, got one array"
+        )
     if not isinstance(grads, Iterable):
-        raise invalid(
-            call, f"{arg} must be a mapping or a sequence of arrays, got {type(grads).__name__}"
+        raise InvalidArgumentError(
+            f"{call}: {arg} must be a mapping or a sequence of arrays, got {type(grads).__name__}"
         )
     return list(grads)
 
@@ -72,9 +73,9 @@ def clip_grad_norm(
     """
     call = "clip_grad_norm"
     if not (max_norm > 0):
-        raise invalid(call, f"max_norm must be > 0, got {max_norm}")
+        raise InvalidArgumentError(f"{call}: max_norm must be > 0, got {max_norm}")
     if norm_type not in (2.0, math.inf):
-        raise invalid(call, f"norm_type must be 2 or inf, got {norm_type}")
+        raise InvalidArgumentError(f"{call}: norm_type must be 2 or inf, got {norm_type}")
     sharded = _arrays(grads, call, "grads")
     shared = _arrays(replicated, call, "replicated")
     if norm_type == 2.0:

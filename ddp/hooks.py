@@ -13,19 +13,25 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 import collectives as col
-from collectives import array_module
-from collectives._errors import invalid
+from collectives import (
+    InvalidArgumentError,
+    array_module,
+    bfloat16_to_float32,
+    float32_to_bfloat16,
+)
 
 __all__ = [
     "HookWork",
     "allreduce",
     "fp16_compress",
     "bf16_compress",
+    "fp16_compress_wrapper",
+    "bf16_compress_wrapper",
     "PowerSGD",
     "Int8Quantize",
 ]
@@ -74,6 +80,11 @@ class HookWork:
         self.wait()
         return True
 
+    @property
+    def event(self) -> Any:
+        """The CUDA event the last collective completes with (NCCL), or None."""
+        return getattr(self._works[-1], "event", None) if self._works else None
+
     def synchronize(self) -> None:
         """Block the host until the result is in place."""
         self.wait()
@@ -101,63 +112,109 @@ def allreduce(comm: Any, bucket: Any) -> Any:
     return comm.all_reduce(buffer, op="sum", async_op=True)
 
 
-def _to_bfloat16(values: Any) -> Any:
-    """float32 -> bfloat16 bits in uint16, rounding to nearest even (NaN stays NaN)."""
-    xp = array_module(values)
-    bits = values.view(xp.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    nan = xp.isnan(values)
-    return xp.where(nan, xp.uint32(0x7FC0), rounded).astype(xp.uint16)
+class _Wire(NamedTuple):
+    """How a compression wrapper's values travel."""
+
+    short: str  # names the wrapped hook: fp16_compress_wrapper(PowerSGD)
+    dtype: str  # data already of this dtype travels as it is
+    encode: Callable[[Any], tuple[Any, Any]]  # float values -> (what to send, its storage)
+    decode: Callable[[Any], Any]  # the storage, reduced -> float values
 
 
-def _from_bfloat16(bits: Any) -> Any:
-    xp = array_module(bits)
-    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+def _to_float16(values: Any) -> tuple[Any, Any]:
+    packed = values.astype(np.float16)
+    return packed, packed
 
 
-def _compress_hook(comm: Any, bucket: Any, wire: str) -> HookWork:
-    """Reduce ``bucket.buffer`` as ``wire`` ("float16" or "bfloat16") and cast back.
+def _to_bfloat16(values: Any) -> tuple[Any, Any]:
+    packed = float32_to_bfloat16(values.astype(np.float32, copy=False))
+    return col.as_bfloat16(packed), packed
 
-    Each rank divides by the world size before the cast so the sum stays in range.
+
+_FLOAT16 = _Wire("fp16", "float16", _to_float16, lambda packed: packed)
+_BFLOAT16 = _Wire("bf16", "bfloat16", _to_bfloat16, bfloat16_to_float32)
+
+
+class _CompressingComm:
+    """The communicator a wrapped hook sees: its floating sum and avg all-reduces travel as
+    ``wire`` and are cast back into the result; every other call goes to ``comm`` unchanged.
+
+    An avg is divided by the world size before the cast, so the sum stays in half
+    precision's range (the MPI backend's avg would sum first and could overflow).
     """
-    buffer = bucket.buffer
-    scaled = buffer * buffer.dtype.type(1.0 / comm.size)
-    if wire == "float16":
-        packed = scaled.astype(np.float16)
-        send: Any = packed
+
+    def __init__(self, comm: Any, wire: _Wire):
+        self._comm = comm
+        self._wire = wire
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def all_reduce(
+        self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        kind = str(op).lower()
+        dtype = getattr(x, "dtype", None)
+        wire = self._wire
+        if (
+            kind not in ("sum", "avg")
+            or dtype is None
+            or dtype.kind != "f"
+            or dtype.name == wire.dtype
+        ):
+            return self._comm.all_reduce(x, op, out=out, async_op=async_op)
+        result = x if out is None else out
+        send, packed = wire.encode(x * dtype.type(1.0 / self._comm.size) if kind == "avg" else x)
 
         def decode() -> None:
-            buffer[...] = packed
-    else:
-        packed = _to_bfloat16(scaled.astype(np.float32))
-        send = col.as_bfloat16(packed)
+            result[...] = wire.decode(packed)
 
-        def decode() -> None:
-            buffer[...] = _from_bfloat16(packed)
-
-    work = comm.all_reduce(send, op="sum", async_op=True)
-    return HookWork([work], decode, device_array=buffer)
+        work = self._comm.all_reduce(send, op="sum", async_op=async_op)
+        if not async_op:
+            decode()
+            return result
+        return HookWork([work], decode, device_array=result)
 
 
-def fp16_compress(comm: Any, bucket: Any) -> HookWork:
-    """Send the bucket as float16 (half the bytes of float32), cast the mean back.
+def _compress_wrapper(hook: Any, wire: _Wire) -> Callable[[Any, Any], Any]:
+    def compressed(comm: Any, bucket: Any) -> Any:
+        return hook(_CompressingComm(comm, wire), bucket)
+
+    inner = getattr(hook, "__name__", type(hook).__name__)
+    compressed.__name__ = compressed.__qualname__ = f"{wire.short}_compress_wrapper({inner})"
+    return compressed
+
+
+def fp16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
+    """``hook`` with its floating all-reduces sent as float16 (half the bytes of float32).
+
+    The wrapped hook computes as before; each sum or avg all-reduce it issues on float32 or
+    float64 data is divided by the world size (avg), cast to float16, summed and cast back.
 
     Example:
-        >>> ddp = DistributedDataParallel(params, comm, hook=hooks.fp16_compress)
+        >>> hook = hooks.fp16_compress_wrapper(hooks.PowerSGD(rank=4))
+        >>> ddp = DistributedDataParallel(params, comm, hook=hook)
     """
-    return _compress_hook(comm, bucket, "float16")
+    return _compress_wrapper(hook, _FLOAT16)
 
 
-def bf16_compress(comm: Any, bucket: Any) -> HookWork:
-    """Send the bucket as bfloat16 (float32's range, 8 bits of mantissa), cast the mean back.
+def bf16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
+    """``hook`` with its floating all-reduces sent as bfloat16 (float32's range, 8 bits of
+    mantissa), rounded to nearest even.
 
     NumPy and CuPy have no bfloat16 dtype: the values travel as uint16 bit patterns declared
     with ``collectives.as_bfloat16`` (NCCL reduces them natively; the MPI backend in float32).
 
     Example:
-        >>> ddp = DistributedDataParallel(params, comm, hook=hooks.bf16_compress)
+        >>> hook = hooks.bf16_compress_wrapper(hooks.allreduce)   # = hooks.bf16_compress
     """
-    return _compress_hook(comm, bucket, "bfloat16")
+    return _compress_wrapper(hook, _BFLOAT16)
+
+
+#: the all-reduce hook sent as float16: ``fp16_compress_wrapper(allreduce)``
+fp16_compress = fp16_compress_wrapper(allreduce)
+#: the all-reduce hook sent as bfloat16: ``bf16_compress_wrapper(allreduce)``
+bf16_compress = bf16_compress_wrapper(allreduce)
 
 
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -193,9 +250,11 @@ class PowerSGD:
         seed: int = 0,
     ):
         if int(rank) != rank or rank < 1:
-            raise invalid("PowerSGD", f"rank must be an integer >= 1, got {rank}")
+            raise InvalidArgumentError(f"PowerSGD: rank must be an integer >= 1, got {rank}")
         if int(start_iter) != start_iter or start_iter < 0:
-            raise invalid("PowerSGD", f"start_iter must be an integer >= 0, got {start_iter}")
+            raise InvalidArgumentError(
+                f"PowerSGD: start_iter must be an integer >= 0, got {start_iter}"
+            )
         self.rank = int(rank)
         self.start_iter = int(start_iter)
         self.min_compression_rate = float(min_compression_rate)
@@ -300,7 +359,9 @@ class Int8Quantize:
 
     def __init__(self, chunk_size: int = 1024):
         if int(chunk_size) != chunk_size or chunk_size < 1:
-            raise invalid("Int8Quantize", f"chunk_size must be an integer >= 1, got {chunk_size}")
+            raise InvalidArgumentError(
+                f"Int8Quantize: chunk_size must be an integer >= 1, got {chunk_size}"
+            )
         self.chunk_size = int(chunk_size)
         self._error: dict[int, Any] = {}
         self._server_error: dict[int, Any] = {}

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from collectives._errors import invalid
+from collectives import InvalidArgumentError
 
 from ._scalars import gather_scalars
 
@@ -93,23 +93,23 @@ class LoadBalancer:
         size: int | None = None,
     ):
         if comm is None and size is None:
-            raise invalid("LoadBalancer", "size is required when comm is None")
+            raise InvalidArgumentError("LoadBalancer: size is required when comm is None")
         self.comm = comm
         self.size = comm.size if comm is not None else int(size)  # type: ignore[arg-type]
         self.rank = comm.rank if comm is not None else 0
         if self.size < 1:
-            raise invalid("LoadBalancer", f"size must be >= 1, got {self.size}")
+            raise InvalidArgumentError(f"LoadBalancer: size must be >= 1, got {self.size}")
         if int(global_batch) != global_batch or global_batch < self.size:
-            raise invalid(
-                "LoadBalancer",
-                f"global_batch must be an integer >= size ({self.size}), got {global_batch}",
+            raise InvalidArgumentError(
+                f"LoadBalancer: global_batch must be an integer >= size ({self.size}), got {global_batch}"
             )
         if not 0.0 < smoothing <= 1.0:
-            raise invalid("LoadBalancer", f"smoothing must be in (0, 1], got {smoothing}")
+            raise InvalidArgumentError(
+                f"LoadBalancer: smoothing must be in (0, 1], got {smoothing}"
+            )
         if not 0.0 <= floor <= 1.0 / self.size:
-            raise invalid(
-                "LoadBalancer",
-                f"floor must be in [0, 1/size] = [0, {1.0 / self.size:g}], got {floor}",
+            raise InvalidArgumentError(
+                f"LoadBalancer: floor must be in [0, 1/size] = [0, {1.0 / self.size:g}], got {floor}"
             )
         self.global_batch = int(global_batch)
         self.smoothing = float(smoothing)
@@ -131,14 +131,15 @@ class LoadBalancer:
     def observe(self, step_times: Sequence[float], samples: Sequence[int]) -> list[int]:
         """Fold in every rank's last step time and sample count; return the new shares."""
         if len(step_times) != self.size or len(samples) != self.size:
-            raise invalid(
-                "LoadBalancer.observe",
-                f"expected {self.size} step times and sample counts, "
-                f"got {len(step_times)} and {len(samples)}",
+            raise InvalidArgumentError(
+                f"LoadBalancer.observe: expected {self.size} step times and sample counts, "
+                f"got {len(step_times)} and {len(samples)}"
             )
         bad = [t for t in step_times if not (t > 0 and math.isfinite(t))]
         if bad:
-            raise invalid("LoadBalancer.observe", f"step times must be > 0, got {bad[0]}")
+            raise InvalidArgumentError(
+                f"LoadBalancer.observe: step times must be > 0, got {bad[0]}"
+            )
         measured = [n / t for n, t in zip(samples, step_times)]
         if self.throughput is None:
             self.throughput = measured
@@ -152,6 +153,8 @@ class LoadBalancer:
     def record(self, step_time: float, samples: int) -> list[int]:
         """Collective: share this rank's last step time and sample count, update the shares."""
         if self.comm is None:
-            raise invalid("LoadBalancer.record", "needs a communicator; use observe() without one")
+            raise InvalidArgumentError(
+                "LoadBalancer.record: needs a communicator; use observe() without one"
+            )
         every = gather_scalars(self.comm, [step_time, samples])
         return self.observe(every[:, 0].tolist(), [int(n) for n in every[:, 1]])

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from collectives._arrays import array_module, to_array
-from collectives._errors import invalid
+from collectives import InvalidArgumentError, array_module, to_array
 
 from ._buckets import assign_buckets, make_buckets
 from ._pack import _PointerTable, pack, unpack
@@ -48,17 +47,19 @@ class LocalSGD:
     ):
         call = "LocalSGD"
         if int(period) != period or period < 1:
-            raise invalid(call, f"period must be an integer >= 1, got {period}")
+            raise InvalidArgumentError(f"{call}: period must be an integer >= 1, got {period}")
         if int(warmup_steps) != warmup_steps or warmup_steps < 0:
-            raise invalid(call, f"warmup_steps must be an integer >= 0, got {warmup_steps}")
+            raise InvalidArgumentError(
+                f"{call}: warmup_steps must be an integer >= 0, got {warmup_steps}"
+            )
         if broadcast_from is not None and not (0 <= broadcast_from < comm.size):
-            raise invalid(
-                call, f"broadcast_from must be None or in [0, {comm.size}), got {broadcast_from}"
+            raise InvalidArgumentError(
+                f"{call}: broadcast_from must be None or in [0, {comm.size}), got {broadcast_from}"
             )
         items = params.items() if isinstance(params, Mapping) else enumerate(params)
         self.params = {str(k): to_array(v, call, f"params[{k!r}]") for k, v in items}
         if not self.params:
-            raise invalid(call, "params is empty, expected at least one array")
+            raise InvalidArgumentError(f"{call}: params is empty, expected at least one array")
         self.comm = comm
         self.period = int(period)
         self.warmup_steps = int(warmup_steps)

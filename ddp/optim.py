@@ -21,8 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from collectives import InvalidArgumentError
-from collectives._arrays import array_module
+from collectives import InvalidArgumentError, array_module
 
 __all__ = ["Optimizer", "SGD", "AdamW"]
 

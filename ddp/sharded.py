@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives import InvalidArgumentError
-from collectives._arrays import array_module
+from collectives import InvalidArgumentError, array_module
 
 __all__ = ["ShardedArray", "shard_ranges", "even_shard_size"]
 

@@ -27,8 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from collectives import InvalidArgumentError
-from collectives._arrays import array_module
+from collectives import InvalidArgumentError, array_module
 
 from .optim import Optimizer
 

@@ -100,7 +100,7 @@ def train(
     """Train and return one record per epoch: loss, train/test accuracy, communication time.
     ``xp`` is the array module (default: CuPy on the NCCL backend, else NumPy)."""
     if xp is None:
-        xp = __import__("cupy") if comm.backend == "nccl" else np
+        xp = comm.xp
     x_train, y_train, x_test, y_test = load_digits_split(seed)
     if limit is not None:
         x_train, y_train = x_train[:limit], y_train[:limit]

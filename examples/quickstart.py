@@ -4,15 +4,10 @@ The README's quickstart: a few collectives, a batch of send/recv pairs, and a de
 Runs on NCCL with CuPy arrays when every rank has a GPU, else on MPI with NumPy arrays.
 """
 
-import numpy as np
-
 import collectives as col
 
 with col.init() as comm:  # NCCL if every rank has a GPU, else MPI
-    if comm.backend == "nccl":
-        import cupy as xp
-    else:
-        xp = np
+    xp = comm.xp  # the backend's array module: cupy on nccl, numpy on mpi
     x = xp.full(4, comm.rank, xp.float32)
     comm.all_reduce(x)  # in place: every rank holds 0 + 1 + ... + (size - 1)
     assert float(x[0]) == sum(range(comm.size))

@@ -9,17 +9,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from collectives import InvalidArgumentError, array_module
+from collectives import DTYPES, InvalidArgumentError, array_module
 
 from ._action import Action, B, F, Schedule, W
 from ._plan import Group, Message, Op, PlanError, plan
 from ._stage import Stage
 
-#: dtype code in a header -> dtype name; one table, both directions
-DTYPES = (
-    "float64", "float32", "float16", "int64", "int32", "int8",
-    "uint64", "uint32", "uint8", "complex64", "complex128",
-)  # fmt: skip
+#: dtype name -> its code in a header (collectives' table: every dtype the backends carry)
 _CODE = {name: code for code, name in enumerate(DTYPES)}
 MAX_NDIM = 8
 HEADER = 3 + MAX_NDIM  # dtype code, array module (0 NumPy, 1 CuPy), ndim, dims
@@ -244,11 +240,7 @@ def _decode(header: Any) -> tuple:
 
 def _header_module(comm: Any) -> Any:
     """NCCL moves device memory only; the MPI backend takes host arrays."""
-    if comm.backend == "nccl":
-        import cupy
-
-        return cupy
-    return np
+    return comm.xp
 
 
 def _zeros(xp: Any, shape: tuple, dtype: Any) -> Any:

@@ -1,11 +1,12 @@
-"""Host-side numerics of the MPI backend: bfloat16 rounding and AVG's integer division."""
+"""Host-side numerics shared by the backends and ddp: bfloat16 rounding, AVG's integer division."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from collectives._mpi import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
+from collectives import bfloat16_to_float32, float32_to_bfloat16
+from collectives._numerics import divide_in_place  # AVG's division: no public API
 
 
 def _to_bf16(values) -> np.ndarray:
@@ -69,6 +70,18 @@ def test_float32_to_bfloat16_keeps_shape_and_writes_into_out():
 def test_bfloat16_nan_stays_nan(word):
     bits = _to_bf16(_bits([word]))
     assert np.isnan(bfloat16_to_float32(bits))[0], hex(int(bits[0]))
+
+
+def test_float32_to_bfloat16_allocates_out_when_none():
+    values = np.array([[1.0, -2.5], [np.nan, -np.nan]], np.float32)
+    bits = float32_to_bfloat16(values)
+    assert bits.dtype == np.uint16 and bits.shape == (2, 2)
+    assert bits.tolist() == [[0x3F80, 0xC020], [0x7FC0, 0xFFC0]]  # NaNs quiet, sign kept
+
+
+def test_bfloat16_of_a_0d_array():
+    bits = float32_to_bfloat16(np.array(np.float32(2.5)))
+    assert bits.shape == () and float(bfloat16_to_float32(bits)) == 2.5
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectives._errors import InvalidArgumentError
+from collectives import InvalidArgumentError
 from ddp._buckets import assign_buckets, make_buckets
 
 MB = 1 << 20

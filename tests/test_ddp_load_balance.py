@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectives._errors import InvalidArgumentError
+from collectives import InvalidArgumentError
 from ddp.load_balance import LoadBalancer, floored_fractions, split_batch
 
 

@@ -18,6 +18,7 @@ class FakeComm:
     """Records sends; enough for checks that fire before anything is received."""
 
     backend = "mpi"
+    xp = np
 
     def __init__(self, rank, size):
         self.rank, self.size, self.sent = rank, size, []
@@ -107,14 +108,28 @@ def test_microbatches_of_different_shapes_are_refused_before_sending():
     ):
         pipeline.run(gpipe(2, 2), comm, [STAGE], inputs=xs)
     header, payload = comm.sent[0][0], comm.sent[1][0]
-    assert list(header[:5]) == [0, 0, 2, 2, 3]  # float64, NumPy, 2 dims: (2, 3)
+    float64 = col.DTYPES.index("float64")
+    assert list(header[:5]) == [float64, 0, 2, 2, 3]  # float64, NumPy, 2 dims: (2, 3)
     assert payload.shape == (2, 3)
+
+
+def test_bfloat16_activations_travel_with_their_dtype_in_the_header():
+    """The header's dtype codes are collectives' table, bfloat16 (ml_dtypes') included."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    comm = FakeComm(0, 2)
+    xs = [np.ones((2, 3), ml_dtypes.bfloat16), np.ones((5, 3), ml_dtypes.bfloat16)]
+    with pytest.raises(col.InvalidArgumentError, match="microbatches must match"):
+        pipeline.run(gpipe(2, 2), comm, [STAGE], inputs=xs)
+    header, payload = comm.sent[0][0], comm.sent[1][0]
+    assert list(header[:3]) == [col.DTYPES.index("bfloat16"), 0, 2]
+    assert payload.dtype == ml_dtypes.bfloat16
 
 
 def test_unsupported_dtype_is_refused():
     xs = [np.zeros((2, 3), dtype=bool)]
     with pytest.raises(
-        col.InvalidArgumentError, match="has dtype bool and 2 dims, expected one of float64"
+        col.InvalidArgumentError,
+        match="has dtype bool and 2 dims, expected one of int8, .*bfloat16",
     ):
         pipeline.run(gpipe(2, 1), FakeComm(0, 2), [STAGE], inputs=xs)
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives import InvalidArgumentError
-from collectives._arrays import array_module
+from collectives import InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
 from .mappings import (

@@ -396,7 +396,8 @@ def test_sync_calls_complete_in_the_flight_recorder_and_events_have_no_timing(nc
     assert nccl.flight_record()[-1]["state"] == "completed"
     work = nccl.all_reduce(x, async_op=True)
     work.synchronize()
-    event = work._pending.event
+    event = work.event
+    assert event is not None and nccl.xp is cupy
     with pytest.raises(cupy.cuda.runtime.CUDARuntimeError):
         cupy.cuda.get_elapsed_time(event, event)  # cudaEventDisableTiming
 
@@ -488,7 +489,7 @@ def test_a_failure_after_the_nccl_call_is_enqueued_keeps_the_arrays_and_fails(nc
     it, and the communicator fails."""
     import cupy
 
-    import collectives._mpi
+    import collectives._numerics
 
     def broken(out, size):
         raise MemoryError("no memory for the division")
@@ -496,7 +497,7 @@ def test_a_failure_after_the_nccl_call_is_enqueued_keeps_the_arrays_and_fails(nc
     comm = col.init(backend="nccl", timeout=60)
     impl = comm._impl
     monkeypatch.setattr(impl, "has_avg", False)
-    monkeypatch.setattr(collectives._mpi, "divide_in_place", broken)
+    monkeypatch.setattr(collectives._numerics, "divide_in_place", broken)
     x = cupy.ones(1 << 20, cupy.float32)
     with pytest.raises(col.CollectivesError, match="all_reduce: .*no memory for the division"):
         comm.all_reduce(x, op="avg")
