@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._action import Schedule
+from ._schedule import Schedule
 from ._simulate import Simulation, simulate
 
 #: one colour per action kind (F, B, I, W)
