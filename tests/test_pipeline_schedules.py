@@ -5,14 +5,23 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from pipeline import Action, ActionKind, Schedule
-from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
+from pipeline import Action, ActionKind, Schedule, simulate
+from pipeline.schedules import (
+    dualpipe_v,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    zero_bubble,
+    zero_bubble_h2,
+    zero_bubble_v,
+)
 
 CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
 
 
 def all_schedules(p, m):
     out = [gpipe(p, m), one_f_one_b(p, m), zero_bubble(p, m), zero_bubble_h2(p, m)]
+    out += [zero_bubble_v(p, m), dualpipe_v(p, m)]
     if m % p == 0:
         out += [interleaved_1f1b(p, m, c) for c in (1, 2, 3, 4)]
     return out
@@ -72,11 +81,44 @@ def test_text_round_trip():
     for p, m in [(1, 3), (2, 4), (4, 8), (3, 6)]:
         for schedule in all_schedules(p, m):
             text = schedule.to_text()
-            back = Schedule.from_text(text, microbatches=m, chunks=schedule.chunks)
+            back = Schedule.from_text(
+                text, microbatches=m, chunks=schedule.chunks, layout=schedule.layout
+            )
             assert back == schedule
             for row in schedule.actions:
                 for a in row:
                     assert Action.parse(str(a)) == a
+
+
+@pytest.mark.parametrize("p,m", CASES)
+def test_v_schedules_memory_and_bubble(p, m):
+    """ZB-V holds 1F1B's peak and beats ZB-H1 (same model: a V chunk is half a stage);
+    DualPipeV holds at most one microbatch more than ZB-V."""
+    v, h1, f = zero_bubble_v(p, m), zero_bubble(p, m), one_f_one_b(p, m)
+    sim_v = simulate(v, forward=0.5, backward=1, weight=0.5)
+    assert max(sim_v.peak_activations) == max(simulate(f).peak_activations) == min(p, m)
+    if p > 1:
+        assert sim_v.makespan < simulate(h1, forward=1, backward=2, weight=1).makespan
+    assert max(simulate(dualpipe_v(p, m)).peak_activations) <= p + 1
+
+
+def test_stage_of_and_place():
+    v = zero_bubble_v(4, 8)
+    assert [v.stage_of(r, c) for c in (0, 1) for r in range(4)] == [0, 1, 2, 3, 7, 6, 5, 4]
+    assert [v.place(s) for s in (0, 3, 4, 7)] == [(0, 0), (3, 0), (3, 1), (0, 1)]
+    looped = interleaved_1f1b(4, 8, 2)
+    assert [looped.stage_of(r, 1) for r in range(4)] == [4, 5, 6, 7]
+    assert looped.place(6) == (2, 1)
+
+
+def test_overlaps_in_the_text_form():
+    d = dualpipe_v(4, 8)
+    assert d.overlaps and "+" in d.to_text()
+    rank, index = min(d.overlaps)
+    pair = d.actions[rank][index : index + 2]
+    assert {a.kind for a in pair} == {ActionKind.F, ActionKind.I}
+    s = Schedule.from_text("rank 0: 0F0 0F1+0B0 0B1", layout="looped")
+    assert s.overlaps == {(0, 1)} and s.to_text() == "rank 0: 0F0 0F1+0B0 0B1"
 
 
 def test_action_text_form():
@@ -100,6 +142,10 @@ def test_bad_schedule_text():
         col.InvalidArgumentError, match="actions has 1 rank lists, expected ranks=2"
     ):
         Schedule(2, 1, 1, ((),))
+    with pytest.raises(col.InvalidArgumentError, match="layout is 'w', expected one of"):
+        Schedule(1, 1, 1, ((),), layout="w")
+    with pytest.raises(col.InvalidArgumentError, match="layout 'v' has chunks=3, expected 2"):
+        Schedule(1, 1, 3, ((),), layout="v")
 
 
 @pytest.mark.parametrize(
