@@ -153,7 +153,14 @@ class Schedule:
         return grid(self)
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.ranks} ranks, {self.microbatches} microbatches, {self.chunks} chunks)\n{self.grid()}"
+        where = "; ".join(
+            f"rank {r}: " + ",".join(str(self.stage_of(r, c)) for c in range(self.chunks))
+            for r in range(self.ranks)
+        )
+        return (
+            f"{self.name} ({self.ranks} ranks, {self.microbatches} microbatches, "
+            f"{self.chunks} chunks; model stages {where})\n{self.grid()}"
+        )
 
 
 def _freeze(rows: Iterable[Sequence[Action]]) -> tuple[tuple[Action, ...], ...]:
