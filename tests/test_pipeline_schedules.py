@@ -5,23 +5,15 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from pipeline import Action, ActionKind, Schedule, simulate
-from pipeline.schedules import (
-    dualpipe_v,
-    gpipe,
-    interleaved_1f1b,
-    one_f_one_b,
-    zero_bubble,
-    zero_bubble_h2,
-    zero_bubble_v,
-)
+from pipeline import Action, ActionKind, Schedule, schedules, simulate
+from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
 
 CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
 
 
 def all_schedules(p, m):
     out = [gpipe(p, m), one_f_one_b(p, m), zero_bubble(p, m), zero_bubble_h2(p, m)]
-    out += [zero_bubble_v(p, m), dualpipe_v(p, m)]
+    out += [schedules.zero_bubble_v(p, m), schedules.dualpipe_v(p, m)]
     if m % p == 0:
         out += [interleaved_1f1b(p, m, c) for c in (1, 2, 3, 4)]
     return out
@@ -94,16 +86,16 @@ def test_text_round_trip():
 def test_v_schedules_memory_and_bubble(p, m):
     """ZB-V holds 1F1B's peak and beats ZB-H1 (same model: a V chunk is half a stage);
     DualPipeV holds at most one microbatch more than ZB-V."""
-    v, h1, f = zero_bubble_v(p, m), zero_bubble(p, m), one_f_one_b(p, m)
+    v, h1, f = schedules.zero_bubble_v(p, m), zero_bubble(p, m), one_f_one_b(p, m)
     sim_v = simulate(v, forward=0.5, backward=1, weight=0.5)
     assert max(sim_v.peak_activations) == max(simulate(f).peak_activations) == min(p, m)
     if p > 1:
         assert sim_v.makespan < simulate(h1, forward=1, backward=2, weight=1).makespan
-    assert max(simulate(dualpipe_v(p, m)).peak_activations) <= p + 1
+    assert max(simulate(schedules.dualpipe_v(p, m)).peak_activations) <= p + 1
 
 
 def test_stage_of_and_place():
-    v = zero_bubble_v(4, 8)
+    v = schedules.zero_bubble_v(4, 8)
     assert [v.stage_of(r, c) for c in (0, 1) for r in range(4)] == [0, 1, 2, 3, 7, 6, 5, 4]
     assert [v.place(s) for s in (0, 3, 4, 7)] == [(0, 0), (3, 0), (3, 1), (0, 1)]
     looped = interleaved_1f1b(4, 8, 2)
@@ -112,7 +104,7 @@ def test_stage_of_and_place():
 
 
 def test_overlaps_in_the_text_form():
-    d = dualpipe_v(4, 8)
+    d = schedules.dualpipe_v(4, 8)
     assert d.overlaps and "+" in d.to_text()
     rank, index = min(d.overlaps)
     pair = d.actions[rank][index : index + 2]

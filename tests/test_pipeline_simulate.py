@@ -5,16 +5,8 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from pipeline import Schedule, from_trace, grid, simulate
-from pipeline.schedules import (
-    best,
-    dualpipe_v,
-    gpipe,
-    interleaved_1f1b,
-    one_f_one_b,
-    zero_bubble,
-    zero_bubble_h2,
-)
+from pipeline import Schedule, from_trace, grid, schedules, simulate
+from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
 
 
 @pytest.mark.parametrize("make", [gpipe, one_f_one_b])
@@ -115,7 +107,7 @@ def test_peak_activations_count_a_chunk_as_its_share():
 
 
 def test_overlapped_pairs_have_their_own_cost():
-    d = dualpipe_v(4, 8)
+    d = schedules.dualpipe_v(4, 8)
     plain = simulate(d, forward=0.5, backward=1, weight=0.5)
     same = simulate(d, forward=0.5, backward=1, weight=0.5, overlap=1.0)  # F + I
     hidden = simulate(d, forward=0.5, backward=1, weight=0.5, overlap=0.6)
@@ -127,7 +119,7 @@ def test_overlapped_pairs_have_their_own_cost():
 
 
 def test_best_picks_the_shortest_that_fits():
-    choice = best(4, 8, forward=1, backward=2, weight=1, max_activations=4)
+    choice = schedules.best(4, 8, forward=1, backward=2, weight=1, max_activations=4)
     assert choice.schedule.name == "zb-v" and choice.simulation.makespan == 25.5
     names = [c.schedule.name for c in choice.compared]
     assert names[:2] == ["gpipe", "1f1b"] and "dualpipe-v" in names and "zb-h2" in names
@@ -135,10 +127,10 @@ def test_best_picks_the_shortest_that_fits():
     table = str(choice)
     assert "zb-v" in table.splitlines()[names.index("zb-v") + 1] and "<- best" in table
     # DualPipeV ties with ZB-V unless its overlap hides something; ties go to less memory
-    assert best(4, 8, forward=1, backward=2, weight=1).schedule.name == "zb-v"
-    hidden = best(4, 8, forward=1, backward=2, weight=1, overlap=1.2)
+    assert schedules.best(4, 8, forward=1, backward=2, weight=1).schedule.name == "zb-v"
+    hidden = schedules.best(4, 8, forward=1, backward=2, weight=1, overlap=1.2)
     assert hidden.schedule.name == "dualpipe-v" and hidden.simulation.makespan < 25.5
     # dear hops favour GPipe, whose transfers overlap the most computation
-    assert best(4, 4, forward=1, backward=2, comm=5).schedule.name == "gpipe"
+    assert schedules.best(4, 4, forward=1, backward=2, comm=5).schedule.name == "gpipe"
     with pytest.raises(col.InvalidArgumentError, match="no schedule keeps peak activations"):
-        best(4, 8, forward=1, backward=2, max_activations=1)
+        schedules.best(4, 8, forward=1, backward=2, max_activations=1)

@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from pipeline import Schedule
+from pipeline import Schedule, schedules
 from pipeline._plan import Group, from_text, plan, to_text
-from pipeline.schedules import (
-    dualpipe_v,
-    gpipe,
-    interleaved_1f1b,
-    one_f_one_b,
-    zero_bubble,
-    zero_bubble_h2,
-    zero_bubble_v,
-)
+from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
 
 
 def bad(text, **kw):
@@ -74,8 +66,8 @@ def _ops(schedule):
         interleaved_1f1b(4, 8, 3),
         zero_bubble(4, 8),
         zero_bubble_h2(3, 5),
-        zero_bubble_v(4, 8),
-        dualpipe_v(3, 6),
+        schedules.zero_bubble_v(4, 8),
+        schedules.dualpipe_v(3, 6),
     ],  # fmt: skip
     ids=lambda s: s.name,
 )
@@ -107,7 +99,12 @@ def test_plan_of_gpipe_on_two_ranks():
 
 @pytest.mark.parametrize("p,m", [(1, 2), (2, 4), (4, 8), (3, 5)])
 def test_plan_text_round_trip(p, m):
-    for schedule in [gpipe(p, m), zero_bubble(p, m), zero_bubble_v(p, m), dualpipe_v(p, m)]:
+    for schedule in [
+        gpipe(p, m),
+        zero_bubble(p, m),
+        schedules.zero_bubble_v(p, m),
+        schedules.dualpipe_v(p, m),
+    ]:
         rows = plan(schedule)
         text = to_text(rows)
         assert from_text(text) == rows
