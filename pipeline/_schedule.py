@@ -9,6 +9,7 @@ from functools import cached_property
 from collectives import InvalidArgumentError
 
 from ._action import Action, I, W, grid
+from ._validate import validate
 
 #: how chunks map to model stages: ``looped`` (chunk c of rank r is stage ``c * ranks + r``)
 #: or ``v`` (two chunks; rank r holds stages r and ``2 * ranks - 1 - r``)
@@ -89,8 +90,6 @@ class Schedule:
         an order that respects the data flow, and that the runtime's batched sends and
         receives match up without any rank waiting forever.
         """
-        from ._validate import validate  # the validator needs the plan, which is heavier
-
         validate(self)
         return self
 

@@ -154,3 +154,41 @@ def test_bad_schedule_text():
 def test_bad_arguments(make, match):
     with pytest.raises(col.InvalidArgumentError, match=match):
         make()
+
+
+def test_pipeline_modules_import_without_cycles():
+    """Every import between pipeline modules, lazy ones included (TYPE_CHECKING aside)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(schedules.__file__).parent
+    edges = {}
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body
+            for node in ast.walk(stmt)
+        }
+        edges[path.stem] = {
+            (node.module or "").lstrip(".") or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in typing_only
+            for alias in node.names
+        }
+    seen, done = set(), set()
+
+    def visit(name, trail):
+        assert name not in seen - done, f"import cycle: {' -> '.join(trail + [name])}"
+        if name in done or name not in edges:
+            return
+        seen.add(name)
+        for other in edges[name]:
+            visit(other, trail + [name])
+        done.add(name)
+
+    for name in edges:
+        visit(name, [])
+    assert "_validate" in edges["_schedule"]  # the walk saw the imports
