@@ -50,7 +50,7 @@ def list_schedule(
     time, horizon = 0, 8 * remaining + 4 * stages
     while remaining:
         if time > horizon:  # the rules cannot finish with this limit
-            raise AssertionError(f"{name}: no progress with limit={limit}\n{rows}")
+            raise RuntimeError(f"{name}: the list scheduler made no progress with limit={limit}")
         for r in range(ranks):
             if free[r] > time:
                 continue

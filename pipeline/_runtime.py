@@ -66,15 +66,14 @@ def run(
     except PlanError:
         schedule.validate()  # raises, with the reason and a picture
         raise
-    runner = _Runner(schedule, comm, stages, inputs, targets, loss_fn, trace)
-    return runner.run(rows[comm.rank])
+    return _Runner(schedule, comm, stages, inputs, targets, loss_fn, trace).run(rows[comm.rank])
 
 
 class _Runner:
     def __init__(self, schedule, comm, stages, inputs, targets, loss_fn, trace):
         self.schedule, self.comm, self.stages = schedule, comm, list(stages)
         self.inputs, self.targets, self.loss_fn, self.trace = inputs, targets, loss_fn, trace
-        self.rank, self.p = comm.rank, schedule.ranks
+        self.rank = comm.rank
         self.last = schedule.stages - 1
         self.index = 0  # of the action running, for error messages
         self.mailbox: dict[tuple[str, int, int], Any] = {}  # arrays waiting for their action
