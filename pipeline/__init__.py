@@ -13,7 +13,7 @@ from . import mlp, schedules
 from ._action import Action, ActionKind, grid
 from ._runtime import StageError, run
 from ._schedule import Schedule
-from ._simulate import Event, Simulation, from_trace, simulate
+from ._simulate import Event, Simulation, from_trace, period, simulate
 from ._stage import Stage
 from ._tied import reduce_tied, tied_group
 
@@ -28,6 +28,7 @@ __all__ = [
     "from_trace",
     "grid",
     "mlp",
+    "period",
     "reduce_tied",
     "run",
     "schedules",
