@@ -16,8 +16,9 @@ the host-side times of the trace are the times of the device's work.
 BLAS runs one thread per rank unless OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say otherwise.
 
 ``python -m benchmarks.pipeline_schedules --best --ranks 4 --microbatches 8 --forward 1
---backward 2 [--weight 1] [--comm 0] [--overlap X] [--max-activations 4]`` (no MPI): the
-table of every schedule that ``pipeline.schedules.best`` simulated, and its pick.
+--backward 2 [--weight 1] [--comm 0] [--overlap X] [--max-activations 4] [--between-steps]``
+(no MPI): the table of every schedule that ``pipeline.schedules.best`` simulated, and its
+pick (by the time per step between steps, ``pipeline.period``, with --between-steps).
 """
 
 from __future__ import annotations
@@ -176,12 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--comm", type=float, default=0.0, help="with --best")
     parser.add_argument("--overlap", type=float, help="with --best")
     parser.add_argument("--max-activations", type=float, help="with --best")
+    parser.add_argument("--between-steps", action="store_true", help="with --best: by period")
     args = parser.parse_args(argv)
     if args.best:
         choice = schedules.best(
             args.ranks, args.microbatches, forward=args.forward, backward=args.backward,
             weight=args.weight, comm=args.comm, max_activations=args.max_activations,
-            overlap=args.overlap,
+            overlap=args.overlap, between_steps=args.between_steps,
         )  # fmt: skip
         print(f"# {args.ranks} ranks, {args.microbatches} microbatches; per full stage F="
               f"{args.forward:g} B={args.backward:g} W={args.weight} comm={args.comm:g} "

@@ -19,7 +19,7 @@ from collectives import InvalidArgumentError
 from ._action import Action, B, F, I, W
 from ._greedy import list_schedule
 from ._schedule import Schedule
-from ._simulate import Simulation, simulate
+from ._simulate import Simulation, period, simulate
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
@@ -228,6 +228,7 @@ class Candidate:
     bubble_fraction: float
     peak_activations: float  # the most of any rank, in microbatches through a full stage
     fits: bool
+    period: float | None = None  # time per step between steps (``best(between_steps=True)``)
 
 
 @dataclass(frozen=True)
@@ -240,12 +241,18 @@ class Choice:
     compared: tuple[Candidate, ...]
 
     def __str__(self) -> str:
-        lines = [f"{'schedule':<20} {'makespan':>9} {'bubble':>7} {'peak act.':>9}  fits"]
+        steady = any(c.period is not None for c in self.compared)
+        lines = [
+            f"{'schedule':<20} {'makespan':>9} {'bubble':>7} "
+            + (f"{'period':>7} " if steady else "")
+            + f"{'peak act.':>9}  fits"
+        ]
         for c in self.compared:
             mark = " <- best" if c.schedule is self.schedule else ""
             lines.append(
                 f"{c.schedule.name:<20} {c.makespan:9.4g} {c.bubble_fraction:7.1%} "
-                f"{c.peak_activations:9.3g}  {'yes' if c.fits else 'no'}{mark}"
+                + (f"{c.period:7.4g} " if c.period is not None else "")
+                + f"{c.peak_activations:9.3g}  {'yes' if c.fits else 'no'}{mark}"
             )
         return "\n".join(lines)
 
@@ -275,6 +282,7 @@ def best(
     comm: float = 0.0,
     max_activations: float | None = None,
     overlap: float | None = None,
+    between_steps: bool = False,
 ) -> Choice:
     """The schedule with the smallest simulated makespan whose peak activations stay within
     ``max_activations`` (in microbatches through one full stage; None: no limit).
@@ -283,7 +291,8 @@ def best(
     full model stage per rank; a schedule with c chunks per rank runs c stages of 1/c of
     that each. ``comm`` is the cost of one hop; ``overlap`` that of an overlapped forward
     and input-gradient half of a full stage (DualPipeV; default their sum). Ties go to the
-    smaller memory, then to the simpler schedule.
+    smaller memory, then to the simpler schedule. ``between_steps=True`` ranks by
+    :func:`pipeline.period` instead (steps back to back, no flush; slower to compute).
 
         >>> choice = best(4, 8, forward=1, backward=2, weight=1, max_activations=4)
         >>> choice.schedule.name, choice.simulation.makespan
@@ -296,11 +305,18 @@ def best(
     compared, sims = [], {}
     for schedule in candidates(stages, microbatches):
         c = schedule.chunks
-        sim = simulate(schedule, forward / c, backward / c, None if weight is None else weight / c,
-                       comm=comm, overlap=None if overlap is None else overlap / c)  # fmt: skip
+        costs = (forward / c, backward / c, None if weight is None else weight / c)
+        sim = simulate(
+            schedule, *costs, comm=comm, overlap=None if overlap is None else overlap / c
+        )
+        steady = None
+        if between_steps:
+            steady = period(
+                schedule, *costs, comm=comm, overlap=None if overlap is None else overlap / c
+            )
         peak = max(sim.peak_activations)
         fits = max_activations is None or peak <= max_activations + 1e-9
-        compared.append(Candidate(schedule, sim.makespan, sim.bubble_fraction, peak, fits))
+        compared.append(Candidate(schedule, sim.makespan, sim.bubble_fraction, peak, fits, steady))
         sims[id(schedule)] = sim
     fitting = [c for c in compared if c.fits]
     if not fitting:
@@ -308,7 +324,10 @@ def best(
             f"best: no schedule keeps peak activations within max_activations="
             f"{max_activations}, expected at least {min(c.peak_activations for c in compared):g}"
         )
-    pick = min(fitting, key=lambda c: (round(c.makespan, 9), c.peak_activations))
+    pick = min(
+        fitting,
+        key=lambda c: (round(c.makespan if c.period is None else c.period, 9), c.peak_activations),
+    )
     return Choice(pick.schedule, sims[id(pick.schedule)], tuple(compared))
 
 

@@ -132,6 +132,12 @@ def test_best_picks_the_shortest_that_fits():
     assert hidden.schedule.name == "dualpipe-v" and hidden.simulation.makespan < 25.5
     # dear hops favour GPipe, whose transfers overlap the most computation
     assert schedules.best(4, 4, forward=1, backward=2, comm=5).schedule.name == "gpipe"
+    # between steps ZB-H2's interlocking wins, if its memory is allowed
+    steady = schedules.best(4, 8, forward=1, backward=2, weight=1, between_steps=True)
+    assert steady.schedule.name == "zb-h2" and "period" in str(steady)
+    assert [c.period for c in steady.compared if c.schedule.name == "zb-h2"] == [24.0]
+    assert schedules.best(4, 8, forward=1, backward=2, weight=1, max_activations=5,
+                          between_steps=True).schedule.name == "dualpipe-v"  # fmt: skip
     with pytest.raises(col.InvalidArgumentError, match="no schedule keeps peak activations"):
         schedules.best(4, 8, forward=1, backward=2, max_activations=1)
 
