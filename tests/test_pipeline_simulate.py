@@ -142,11 +142,11 @@ def test_best_picks_the_shortest_that_fits():
         schedules.best(4, 8, forward=1, backward=2, max_activations=1)
 
 
-@pytest.mark.parametrize("p", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
 def test_zero_bubble_h2_has_no_bubble_between_steps(p):
     """With 2p or more microbatches, ZB-H2's steps interlock (the paper's zero bubble at
     F = I = W); ZB-H1 keeps its (p - 1) per step."""
-    for m in (2 * p, 3 * p):
+    for m in (2 * p, 2 * p + 3):
         assert period(schedules.zero_bubble_h2(p, m), 1, 2, 1) == 3 * m
         assert period(schedules.zero_bubble(p, m), 1, 2, 1) == 3 * m + p - 1
     assert period(one_f_one_b(p, 2 * p), 1, 2) == simulate(one_f_one_b(p, 2 * p)).makespan
