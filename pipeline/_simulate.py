@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from collectives import InvalidArgumentError
 
@@ -181,18 +182,11 @@ def simulate(
     return Simulation(schedule, float(makespan), bubble, tuple(tuple(r) for r in rows))
 
 
-def period(
-    schedule: Schedule,
-    forward: float = 1.0,
-    backward: float = 2.0,
-    weight: float | None = None,
-    *,
-    comm: float = 0.0,
-    overlap: float | None = None,
-) -> float:
+def period(schedule: Schedule, *costs: Any, **options: Any) -> float:
     """Time per step once steps follow each other with no flush between them: each rank
     starts the next step's actions as soon as its own are done (as the zero-bubble papers
-    do, with the optimizer step validated after the fact). Costs as for :func:`simulate`.
+    do, with the optimizer step validated after the fact). ``costs`` (forward, backward,
+    weight) and ``options`` (comm, overlap) as for :func:`simulate`.
 
     ZB-H2's warm-up makes its steps interlock; at F = I = W its period is the work alone:
 
@@ -201,10 +195,7 @@ def period(
         (24.0, 27.0)
     """
     steps = schedule.ranks + 2  # enough for the start-up to have settled
-    spans = [
-        simulate(_repeat(schedule, k), forward, backward, weight, comm=comm, overlap=overlap)
-        for k in (steps, steps + 1)
-    ]
+    spans = [simulate(_repeat(schedule, k), *costs, **options) for k in (steps, steps + 1)]
     return spans[1].makespan - spans[0].makespan
 
 
