@@ -8,12 +8,17 @@ step time and bubble next to the simulated ones, so the bubble of each schedule 
 and the simulator checked.
 
 Options: --microbatches 8 --chunks 2 --width 256 --rows 64 --layers 4 (per rank, split
-over the chunks) --steps 5 --schedules gpipe,1f1b,interleaved,zb-h1,zb-h2 --backend mpi
+over the chunks) --steps 5 --schedules gpipe,1f1b,interleaved,zb-h1,zb-h2,zb-v,dualpipe-v --backend mpi
 --arrays auto (CuPy on nccl, NumPy on mpi; ``--backend mpi --arrays cupy`` sends CuPy arrays
 over MPI) --json PATH --plot PATH (measured and simulated timelines of each schedule).
 On CuPy every stage's forward and backward ends with a synchronisation of the device, so that
 the host-side times of the trace are the times of the device's work.
 BLAS runs one thread per rank unless OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say otherwise.
+
+``python -m benchmarks.pipeline_schedules --best --ranks 4 --microbatches 8 --forward 1
+--backward 2 [--weight 1] [--comm 0] [--overlap X] [--max-activations 4] [--between-steps]``
+(no MPI): the table of every schedule that ``pipeline.schedules.best`` simulated, and its
+pick (by the time per step between steps, ``pipeline.period``, with --between-steps).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import pipeline  # noqa: E402
 from pipeline import schedules  # noqa: E402
 from pipeline.mlp import Chain, Dense, init_weights, mse  # noqa: E402
 
-NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
 
 
 def make(name: str, ranks: int, microbatches: int, chunks: int) -> pipeline.Schedule:
@@ -46,6 +51,8 @@ def make(name: str, ranks: int, microbatches: int, chunks: int) -> pipeline.Sche
         "interleaved": lambda: schedules.interleaved_1f1b(ranks, microbatches, chunks),
         "zb-h1": lambda: schedules.zero_bubble(ranks, microbatches),
         "zb-h2": lambda: schedules.zero_bubble_h2(ranks, microbatches),
+        "zb-v": lambda: schedules.zero_bubble_v(ranks, microbatches),
+        "dualpipe-v": lambda: schedules.dualpipe_v(ranks, microbatches),
     }[name]()
 
 
@@ -75,7 +82,7 @@ def synchronized(stage: pipeline.Stage, sync) -> pipeline.Stage:
 
 def measure(comm, schedule: pipeline.Schedule, args, xp=np) -> dict:
     """Run ``args.steps`` timed steps (after one warmup); this rank's times and traces."""
-    p, chunks = comm.size, schedule.chunks
+    chunks = schedule.chunks
     per_chunk = max(1, args.layers // chunks)
     rng = np.random.default_rng(0)
     stages, layers = [], []
@@ -91,7 +98,7 @@ def measure(comm, schedule: pipeline.Schedule, args, xp=np) -> dict:
         xp.asarray(rng.standard_normal((args.rows, args.width)))
         for _ in range(schedule.microbatches)
     ]
-    first, last = comm.rank == 0, comm.rank == (schedule.stages - 1) % p
+    first, last = comm.rank == 0, comm.rank == schedule.place(schedule.stages - 1)[0]
     steps, traces = [], []
     for step in range(args.steps + 1):
         for layer in layers:
@@ -162,7 +169,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arrays", default="auto", choices=("auto", "numpy", "cupy"))
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--plot", metavar="PATH")
+    parser.add_argument("--best", action="store_true", help="simulate only: pick a schedule")
+    parser.add_argument("--ranks", type=int, default=4, help="with --best")
+    parser.add_argument("--forward", type=float, default=1.0, help="with --best")
+    parser.add_argument("--backward", type=float, default=2.0, help="with --best")
+    parser.add_argument("--weight", type=float, help="with --best")
+    parser.add_argument("--comm", type=float, default=0.0, help="with --best")
+    parser.add_argument("--overlap", type=float, help="with --best")
+    parser.add_argument("--max-activations", type=float, help="with --best")
+    parser.add_argument("--between-steps", action="store_true", help="with --best: by period")
     args = parser.parse_args(argv)
+    if args.best:
+        choice = schedules.best(
+            args.ranks, args.microbatches, forward=args.forward, backward=args.backward,
+            weight=args.weight, comm=args.comm, max_activations=args.max_activations,
+            overlap=args.overlap, between_steps=args.between_steps,
+        )  # fmt: skip
+        print(f"# {args.ranks} ranks, {args.microbatches} microbatches; per full stage F="
+              f"{args.forward:g} B={args.backward:g} W={args.weight} comm={args.comm:g} "
+              f"overlap={args.overlap}; peak act. in microbatches through a full stage")  # fmt: skip
+        print(choice)
+        print(f"best: {choice.schedule.name}")
+        return
 
     comm = col.init(backend=args.backend)
     arrays = args.arrays if args.arrays != "auto" else "cupy" if comm.backend == "nccl" else "numpy"

@@ -6,7 +6,7 @@ one schedule of ``pipeline.schedules`` over the ranks; the last stage also train
 unsplit copy of the same model on the same data and prints both losses: they agree to
 rounding, whatever the schedule.
 
-Options: --schedule {gpipe,1f1b,interleaved,zb-h1,zb-h2} --chunks 2 --microbatches 8
+Options: --schedule {gpipe,1f1b,interleaved,zb-h1,zb-h2,zb-v,dualpipe-v} --chunks 2 --microbatches 8
 --steps 20 --lr 0.1 --dp 1 (with --dp 2 on 4 ranks: a 2-stage pipeline x 2 data-parallel
 replicas, over ``col.DeviceMesh(comm, {"pp": 2, "dp": 2})``).
 """
@@ -34,6 +34,10 @@ def make_schedule(name: str, ranks: int, microbatches: int, chunks: int) -> pipe
         return schedules.interleaved_1f1b(ranks, microbatches, chunks)
     if name == "zb-h1":
         return schedules.zero_bubble(ranks, microbatches)
+    if name == "zb-v":
+        return schedules.zero_bubble_v(ranks, microbatches)
+    if name == "dualpipe-v":
+        return schedules.dualpipe_v(ranks, microbatches)
     return schedules.zero_bubble_h2(ranks, microbatches)
 
 
@@ -48,7 +52,9 @@ def batches(step: int, count: int, teacher: list) -> tuple[list, list]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"]
+        "--schedule",
+        default="1f1b",
+        choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"],
     )
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
@@ -63,6 +69,7 @@ def main() -> None:
     chunks = args.chunks if args.schedule == "interleaved" else 1
     m = args.microbatches
     schedule = make_schedule(args.schedule, pp.size, m, chunks).validate()
+    chunks = schedule.chunks  # V schedules hold two
     sim = pipeline.simulate(schedule, forward=1 / chunks, backward=2 / chunks)
 
     rng = np.random.default_rng(0)
@@ -73,15 +80,10 @@ def main() -> None:
     def layer(s, w, b):
         return Dense(w.copy(), b.copy(), activation=None if s == last else "tanh")
 
-    mine = {
-        c * pp.size + pp.rank: layer(c * pp.size + pp.rank, *weights[c * pp.size + pp.rank])
-        for c in range(chunks)
-    }
-    stages = [
-        Chain([mine[c * pp.size + pp.rank]]).stage(split=schedule.splits_backward)
-        for c in range(chunks)
-    ]
-    is_first, is_last = pp.rank == 0, pp.rank == last % pp.size
+    held = [schedule.stage_of(pp.rank, c) for c in range(chunks)]  # model stage per chunk
+    mine = {s: layer(s, *weights[s]) for s in held}
+    stages = [Chain([mine[s]]).stage(split=schedule.splits_backward) for s in held]
+    is_first, is_last = pp.rank == 0, pp.rank == schedule.place(last)[0]
     unsplit = [layer(s, w, b) for s, (w, b) in enumerate(weights)] if is_last else []
     if comm.rank == comm.size - 1:
         print(f"{schedule.name} on {pp.size} pipeline ranks x {dp.size} replicas, {schedule.stages} stages, "
@@ -113,7 +115,7 @@ def main() -> None:
             for lyr in unsplit:
                 lyr.w -= args.lr * lyr.grad_w
                 lyr.b -= args.lr * lyr.grad_b
-            if comm.rank == comm.size - 1 and (step % 5 == 0 or step == args.steps - 1):
+            if replica == dp.size - 1 and (step % 5 == 0 or step == args.steps - 1):
                 print(f"step {step:3d}  pipeline loss {total[0]:.10f}  unsplit loss {ref:.10f}  "
                       f"difference {abs(total[0] - ref):.1e}")  # fmt: skip
     comm.close()

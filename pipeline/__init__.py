@@ -10,9 +10,10 @@ Example:
 """
 
 from . import mlp, schedules
-from ._action import Action, ActionKind, Schedule
-from ._runtime import run
-from ._simulate import Event, Simulation, from_trace, grid, simulate
+from ._action import Action, ActionKind, grid
+from ._runtime import StageError, run
+from ._schedule import Schedule
+from ._simulate import Event, Simulation, from_trace, period, simulate
 from ._stage import Stage
 from ._tied import reduce_tied, tied_group
 
@@ -23,9 +24,11 @@ __all__ = [
     "Schedule",
     "Simulation",
     "Stage",
+    "StageError",
     "from_trace",
     "grid",
     "mlp",
+    "period",
     "reduce_tied",
     "run",
     "schedules",

@@ -1,13 +1,18 @@
-"""Schedules as data: an action (chunk, kind, microbatch) and per-rank lists of them."""
+"""The action format: an action (chunk, kind, microbatch), its text form, and text grids of
+per-rank action lists (the pictures that error messages carry)."""
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from collectives import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ._schedule import Schedule
 
 
 class ActionKind(enum.Enum):
@@ -53,117 +58,60 @@ class Action:
         return cls(int(chunk), ActionKind[kind], int(microbatch))
 
     def stage(self, rank: int, ranks: int) -> int:
-        """The model stage this action runs: chunk c of rank r is stage ``c * ranks + r``."""
+        """The model stage of this action in a looped placement (chunk c of rank r is stage
+        ``c * ranks + r``); ``Schedule.stage_of`` answers for any placement."""
         return self.chunk * ranks + rank
 
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """Per-rank action lists of one pipeline step: ``actions[rank]`` in execution order.
+def cell(schedule: Schedule, rank: int, index: int) -> str:
+    """The text of action ``index`` of ``rank``, with ``+`` where it overlaps the next one."""
+    text = str(schedule.actions[rank][index])
+    return text + "+" if (rank, index) in schedule.overlaps else text
 
-    ``ranks`` pipeline ranks each hold ``chunks`` model chunks (chunk c of rank r is model
-    stage ``c * ranks + r``); ``microbatches`` flow through all ``ranks * chunks`` stages.
 
-        >>> s = Schedule.from_text("rank 0: 0F0 0B0\\nrank 1: 0F0 0B0", microbatches=1)
-        >>> [str(a) for a in s.actions[1]]
-        ['0F0', '0B0']
+def grid(
+    schedule: Schedule,
+    timeline: Sequence[Sequence[Any]] | None = None,
+    unit: float | None = None,
+    *,
+    mark: tuple[int, int] | None = None,
+) -> str:
+    """Text picture of a schedule: ranks x position, or ranks x time given a ``timeline``
+    (per rank, events with ``action``, ``start`` and ``end``). ``mark=(rank, index)`` puts
+    ``>`` before that action in the position picture.
+
+    >>> from pipeline.schedules import gpipe
+    >>> print(grid(gpipe(2, 2)))
+    rank 0 | 0F0 0F1 0B0 0B1
+    rank 1 | 0F0 0F1 0B0 0B1
     """
-
-    ranks: int
-    microbatches: int
-    chunks: int
-    actions: tuple[tuple[Action, ...], ...]
-    name: str = field(default="schedule", compare=False)
-
-    def __post_init__(self) -> None:
-        if len(self.actions) != self.ranks:
-            raise InvalidArgumentError(
-                f"Schedule: actions has {len(self.actions)} rank lists, expected ranks={self.ranks}"
-            )
-
-    @property
-    def stages(self) -> int:
-        """Model stages in all: ``ranks * chunks``."""
-        return self.ranks * self.chunks
-
-    @property
-    def splits_backward(self) -> bool:
-        """Whether backward runs as separate input-gradient (I) and weight-gradient (W) halves."""
-        return any(a.kind in (I, W) for rank in self.actions for a in rank)
-
-    def rank_of(self, stage: int) -> int:
-        """The rank that holds model ``stage``."""
-        return stage % self.ranks
-
-    def chunk_of(self, stage: int) -> int:
-        """The local chunk index of model ``stage`` on its rank."""
-        return stage // self.ranks
-
-    def validate(self) -> Schedule:
-        """Raise ``InvalidArgumentError`` unless this schedule can run; returns ``self``.
-
-        Checks that every (stage, microbatch) has its forward and backward exactly once, in
-        an order that respects the data flow, and that the runtime's batched sends and
-        receives match up without any rank waiting forever.
-        """
-        from ._validate import validate
-
-        validate(self)
-        return self
-
-    def to_text(self) -> str:
-        """One line per rank, ``rank r: 0F0 0F1 ...``; :meth:`from_text` reads it back."""
-        return "\n".join(
-            f"rank {r}: " + " ".join(str(a) for a in acts) for r, acts in enumerate(self.actions)
-        )
-
-    @classmethod
-    def from_text(
-        cls,
-        text: str,
-        *,
-        microbatches: int | None = None,
-        chunks: int | None = None,
-        name: str = "schedule",
-    ) -> Schedule:
-        """The schedule written by :meth:`to_text` (lines ``rank r: <actions>``).
-
-        ``microbatches`` and ``chunks`` default to one more than the largest seen.
-        """
-        rows: dict[int, list[Action]] = {}
-        for number, line in enumerate(text.strip().splitlines(), 1):
-            head, sep, body = line.partition(":")
-            words = head.split()
-            if not sep or len(words) != 2 or words[0] != "rank" or not words[1].isdigit():
-                raise InvalidArgumentError(
-                    f"Schedule.from_text: line {number} is {line!r}, expected 'rank <r>: <actions>'"
-                )
-            rows[int(words[1])] = [Action.parse(w) for w in body.split()]
-        if sorted(rows) != list(range(len(rows))):
-            raise InvalidArgumentError(
-                f"Schedule.from_text: ranks are {sorted(rows)}, expected 0..{len(rows) - 1}"
-            )
-        every = [a for acts in rows.values() for a in acts]
-        if microbatches is None:
-            microbatches = 1 + max((a.microbatch for a in every), default=-1)
-        if chunks is None:
-            chunks = 1 + max((a.chunk for a in every), default=0)
-        return cls(
-            len(rows), microbatches, chunks, _freeze(rows[r] for r in range(len(rows))), name
-        )
-
-    def grid(self) -> str:
-        """A ranks x position text table of the actions, for error messages."""
-        from ._simulate import grid
-
-        return grid(self)
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.ranks} ranks, {self.microbatches} microbatches, {self.chunks} chunks)\n{self.grid()}"
-
-
-def _freeze(rows: Iterable[Sequence[Action]]) -> tuple[tuple[Action, ...], ...]:
-    return tuple(tuple(r) for r in rows)
+    rows = [
+        [cell(schedule, r, i) for i in range(len(acts))] for r, acts in enumerate(schedule.actions)
+    ]
+    width = max([len(text) for row in rows for text in row] + [3])
+    label = len(f"rank {schedule.ranks - 1}")
+    if timeline is None:
+        lines = []
+        for r, row in enumerate(rows):
+            texts = [f"{text:<{width}}" for text in row]
+            if mark is not None and mark[0] == r and mark[1] < len(texts):
+                texts[mark[1]] = ">" + texts[mark[1]]
+            lines.append((f"{'rank ' + str(r):<{label}} | " + " ".join(texts)).rstrip())
+        return "\n".join(lines)
+    durations = [e.end - e.start for row in timeline for e in row if e.end > e.start]
+    step = unit or (min(durations) if durations else 1.0)
+    end = max((e.end for row in timeline for e in row), default=0.0)
+    cells = int(round(end / step))
+    lines = []
+    for r, events in enumerate(timeline):
+        line = [" " * (width - 1) + "."] * cells
+        for e in events:
+            first, stop = int(round(e.start / step)), int(round(e.end / step))
+            for k in range(first, max(stop, first + 1)):
+                if k < cells:
+                    line[k] = f"{str(e.action):>{width}}"
+        lines.append(f"{'rank ' + str(r):<{label}} | " + " ".join(line))
+    return "\n".join(lines)

@@ -21,10 +21,20 @@ completes only once every op in it has met its peer's matching op. The rules:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from ._action import Action, B, F, I, Schedule
+from collectives import InvalidArgumentError
+
+from ._action import Action, B, F, I
+
+if TYPE_CHECKING:  # the schedule imports the validator, not the other way round
+    from ._schedule import Schedule
+
+
+_OP = re.compile(r"^([<>])(\d+):(act|grad)(\d+)\.(\d+)(h?)$")
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,26 @@ class Op:
     def peer(self) -> int:
         return self.message.dst if self.send else self.message.src
 
+    def __str__(self) -> str:
+        """``>1:act0.3`` sends to rank 1 the activation of stage 0 for microbatch 3;
+        ``<2:grad5.0h`` receives from rank 2 the header of a gradient; see :func:`to_text`."""
+        m = self.message
+        arrow = ">" if self.send else "<"
+        return f"{arrow}{self.peer}:{m.kind}{m.stage}.{m.microbatch}{'h' if self.header else ''}"
+
+    @classmethod
+    def parse(cls, text: str, rank: int) -> Op:
+        """The op of ``rank`` written as ``text`` (the inverse of ``str``)."""
+        found = _OP.match(text)
+        if found is None:
+            raise InvalidArgumentError(
+                f"Op.parse: text is {text!r}, expected <'>'|'<'><peer>:<act|grad><stage>.<microbatch>[h] like '>1:act0.3'"
+            )
+        arrow, peer, kind, stage, microbatch, header = found.groups()
+        send = arrow == ">"
+        src, dst = (rank, int(peer)) if send else (int(peer), rank)
+        return cls(send, Message(kind, int(stage), int(microbatch), src, dst), header == "h")
+
 
 @dataclass(frozen=True)
 class Group:
@@ -64,21 +94,25 @@ class Group:
 
 def outputs(schedule: Schedule, rank: int, action: Action) -> list[Message]:
     """Messages ``action`` on ``rank`` produces for other ranks (none for local handoffs)."""
-    p, stage, m = schedule.ranks, action.stage(rank, schedule.ranks), action.microbatch
-    if action.kind is F and stage < schedule.stages - 1 and (stage + 1) % p != rank:
-        return [Message("act", stage, m, rank, (stage + 1) % p)]
-    if action.kind in (B, I) and stage > 0 and (stage - 1) % p != rank:
-        return [Message("grad", stage, m, rank, (stage - 1) % p)]
+    stage, m = schedule.stage_of(rank, action.chunk), action.microbatch
+    if action.kind is F and stage < schedule.stages - 1:
+        peer = schedule.place(stage + 1)[0]
+        return [Message("act", stage, m, rank, peer)] if peer != rank else []
+    if action.kind in (B, I) and stage > 0:
+        peer = schedule.place(stage - 1)[0]
+        return [Message("grad", stage, m, rank, peer)] if peer != rank else []
     return []
 
 
 def needs(schedule: Schedule, rank: int, action: Action) -> Message | None:
     """The message ``action`` on ``rank`` must receive before it can run, if any."""
-    p, stage, m = schedule.ranks, action.stage(rank, schedule.ranks), action.microbatch
-    if action.kind is F and stage > 0 and (stage - 1) % p != rank:
-        return Message("act", stage - 1, m, (stage - 1) % p, rank)
-    if action.kind in (B, I) and stage < schedule.stages - 1 and (stage + 1) % p != rank:
-        return Message("grad", stage + 1, m, (stage + 1) % p, rank)
+    stage, m = schedule.stage_of(rank, action.chunk), action.microbatch
+    if action.kind is F and stage > 0:
+        peer = schedule.place(stage - 1)[0]
+        return Message("act", stage - 1, m, peer, rank) if peer != rank else None
+    if action.kind in (B, I) and stage < schedule.stages - 1:
+        peer = schedule.place(stage + 1)[0]
+        return Message("grad", stage + 1, m, peer, rank) if peer != rank else None
     return None
 
 
@@ -104,11 +138,50 @@ def headed(schedule: Schedule) -> frozenset[Message]:
     return frozenset(out)
 
 
+Plan = tuple[tuple[Action | Group, ...], ...]
+
+
+def to_text(rows: Plan) -> str:
+    """One line per rank: actions as in schedules, each group of ops in brackets.
+
+    >>> from pipeline.schedules import gpipe
+    >>> print(to_text(plan(gpipe(2, 1))))
+    rank 0: 0F0 [>1:act0.0h >1:act0.0 <1:grad1.0h] [<1:grad1.0] 0B0
+    rank 1: [<0:act0.0h] [<0:act0.0] 0F0 0B0 [>0:grad1.0h >0:grad1.0]
+    """
+    lines = []
+    for rank, row in enumerate(rows):
+        words = [
+            "[" + " ".join(map(str, x.ops)) + "]" if isinstance(x, Group) else str(x) for x in row
+        ]
+        lines.append(f"rank {rank}: " + " ".join(words))
+    return "\n".join(lines)
+
+
+def from_text(text: str) -> Plan:
+    """The plan written by :func:`to_text`."""
+    rows = []
+    for number, line in enumerate(text.strip().splitlines()):
+        head, _, body = line.partition(":")
+        if head.strip() != f"rank {number}":
+            raise InvalidArgumentError(
+                f"plan from_text: line {number + 1} is {line!r}, expected 'rank {number}: ...'"
+            )
+        row: list[Action | Group] = []
+        for word in re.findall(r"\[[^\]]*\]|\S+", body):
+            if word.startswith("["):
+                row.append(Group(tuple(Op.parse(w, number) for w in word[1:-1].split())))
+            else:
+                row.append(Action.parse(word))
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
 class PlanError(Exception):
     """The schedule's data flow cannot complete (the validator words it)."""
 
 
-def plan(schedule: Schedule) -> tuple[tuple[Action | Group, ...], ...]:
+def plan(schedule: Schedule) -> Plan:
     """Per rank, the actions with the groups of sends and receives between them.
 
         >>> from pipeline.schedules import gpipe

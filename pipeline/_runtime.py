@@ -11,8 +11,9 @@ import numpy as np
 
 from collectives import DTYPES, InvalidArgumentError, array_module
 
-from ._action import Action, B, F, Schedule, W
+from ._action import Action, B, F, W, grid
 from ._plan import Group, Message, Op, PlanError, plan
+from ._schedule import Schedule
 from ._stage import Stage
 
 #: dtype name -> its code in a header (collectives' table: every dtype the backends carry)
@@ -38,10 +39,11 @@ def run(
             ``schedule.ranks`` must equal ``comm.size``.
         comm: the pipeline's communicator (e.g. ``mesh["pp"]``); rank r runs ``actions[r]``.
         stages: this rank's :class:`Stage` per chunk (chunk c is model stage
-            ``c * comm.size + comm.rank``).
-        inputs: on the rank of the first stage, one array per microbatch.
-        targets, loss_fn: on the rank of the last stage, one target per microbatch and
-            ``loss_fn(y, target) -> (loss, dy)``.
+            ``schedule.stage_of(comm.rank, c)``).
+        inputs: on the rank of the first stage (rank 0), one array per microbatch.
+        targets, loss_fn: on the rank of the last stage (``schedule.place(schedule.stages
+            - 1)[0]``: the last rank, or rank 0 for V-shaped schedules), one target per
+            microbatch and ``loss_fn(y, target) -> (loss, dy)``.
         trace: a list to which ``(action, start, end)`` (``time.perf_counter`` seconds, host
             side) is appended for every action, to compare with :func:`pipeline.simulate`.
 
@@ -67,8 +69,9 @@ class _Runner:
     def __init__(self, schedule, comm, stages, inputs, targets, loss_fn, trace):
         self.schedule, self.comm, self.stages = schedule, comm, list(stages)
         self.inputs, self.targets, self.loss_fn, self.trace = inputs, targets, loss_fn, trace
-        self.rank, self.p = comm.rank, schedule.ranks
+        self.rank = comm.rank
         self.last = schedule.stages - 1
+        self.index = 0  # of the action running, for error messages
         self.mailbox: dict[tuple[str, int, int], Any] = {}  # arrays waiting for their action
         self.outbox: dict[tuple[str, int, int], Any] = {}  # arrays waiting to be sent
         self.layouts: dict[tuple[int, str, int], tuple] = {}  # (peer, kind, stage) -> layout
@@ -82,12 +85,18 @@ class _Runner:
         for item in row:
             if isinstance(item, Group):
                 self._exchange(item.ops)
-            else:
-                start = time.perf_counter()
+                continue
+            start = time.perf_counter()
+            try:
                 self._compute(item)
-                if self.trace is not None:
-                    self.trace.append((item, start, time.perf_counter()))
-        return self.losses if self.rank == self.last % self.p else None
+            except InvalidArgumentError:
+                raise  # the runtime's own check, which says what is wrong already
+            except Exception as error:
+                raise StageError(self.schedule, self.rank, self.index, error) from error
+            if self.trace is not None:
+                self.trace.append((item, start, time.perf_counter()))
+            self.index += 1
+        return self.losses if self.rank == self.schedule.place(self.last)[0] else None
 
     # ---------------------------------------------------------------- transfers
 
@@ -102,7 +111,7 @@ class _Runner:
                 elif op.send:
                     comm.send(self.outbox.pop(key), op.peer)
                 elif op.header:
-                    self.headers[msg] = _zeros(_header_module(comm), (HEADER,), np.int64)
+                    self.headers[msg] = _header_module(comm).zeros(HEADER, np.int64)
                     comm.recv(self.headers[msg], op.peer)
                 else:
                     layout = self.layouts[(op.peer, msg.kind, msg.stage)]
@@ -128,7 +137,7 @@ class _Runner:
 
     def _route(self, kind: str, stage: int, microbatch: int, x: Any, to_stage: int) -> None:
         key = (kind, stage, microbatch)
-        peer = to_stage % self.p
+        peer = self.schedule.place(to_stage)[0]
         if peer == self.rank:
             self.mailbox[key] = x
             return
@@ -145,7 +154,7 @@ class _Runner:
     # ---------------------------------------------------------------- compute
 
     def _compute(self, action: Action) -> None:
-        stage = action.stage(self.rank, self.p)
+        stage = self.schedule.stage_of(self.rank, action.chunk)
         m = action.microbatch
         chunk = self.stages[action.chunk]
         if action.kind is F:
@@ -176,6 +185,21 @@ class _Runner:
         self.free_after_group.extend(self.held.pop((stage, microbatch), ()))
 
 
+class StageError(RuntimeError):
+    """A stage raised inside :func:`run`; the message shows this rank's actions with the
+    failing one marked ``>``, and ``__cause__`` is the stage's own exception."""
+
+    def __init__(self, schedule: Schedule, rank: int, index: int, error: Exception):
+        action = schedule.actions[rank][index]
+        stage = schedule.stage_of(rank, action.chunk)
+        marked = grid(schedule, mark=(rank, index)).splitlines()[rank]
+        super().__init__(
+            f"pipeline.run: rank {rank} failed at action {index} ({action}, model stage "
+            f"{stage}) of schedule {schedule.name!r}: {type(error).__name__}: {error}\n{marked}"
+        )
+        self.rank, self.index, self.action = rank, index, action
+
+
 def _check(schedule, comm, stages, inputs, targets, loss_fn) -> None:
     call = "pipeline.run"
     if not isinstance(schedule, Schedule):
@@ -191,13 +215,13 @@ def _check(schedule, comm, stages, inputs, targets, loss_fn) -> None:
             f"{call}: stages has {len(stages)} entries, expected one Stage per chunk "
             f"(schedule.chunks={schedule.chunks})"
         )
-    m, rank, p = schedule.microbatches, comm.rank, schedule.ranks
-    if rank == 0 and (inputs is None or len(inputs) != m):
+    m, rank = schedule.microbatches, comm.rank
+    if rank == schedule.place(0)[0] and (inputs is None or len(inputs) != m):
         got = "None" if inputs is None else f"{len(inputs)} arrays"
         raise InvalidArgumentError(
             f"{call}: inputs is {got} on rank 0 (first stage), expected {m} (one per microbatch)"
         )
-    if rank == (schedule.stages - 1) % p:
+    if rank == schedule.place(schedule.stages - 1)[0]:
         if targets is None or len(targets) != m:
             got = "None" if targets is None else f"{len(targets)} arrays"
             raise InvalidArgumentError(
@@ -241,10 +265,6 @@ def _decode(header: Any) -> tuple:
 def _header_module(comm: Any) -> Any:
     """NCCL moves device memory only; the MPI backend takes host arrays."""
     return comm.xp
-
-
-def _zeros(xp: Any, shape: tuple, dtype: Any) -> Any:
-    return xp.zeros(shape, dtype)
 
 
 class _Pool:

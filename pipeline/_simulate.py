@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from collectives import InvalidArgumentError
 
-from ._action import Action, B, F, I, Schedule, W
+from ._action import Action, B, F, I, W, grid
+from ._schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,16 @@ class Simulation:
     timeline: tuple[tuple[Event, ...], ...]
 
     @property
+    def peak_activations(self) -> tuple[float, ...]:
+        """Per rank, the most activations held at once, in microbatches through one full
+        stage (a chunk of a c-chunk schedule counts 1/c): held from the start of a forward
+        to the end of its B or W."""
+        return peak_activations(self.schedule)
+
+    @property
     def busy(self) -> tuple[float, ...]:
         """Time each rank spends computing."""
-        return tuple(sum(e.end - e.start for e in row) for row in self.timeline)
+        return tuple(_busy(row) for row in self.timeline)
 
     @property
     def bubble(self) -> float:
@@ -42,6 +51,26 @@ class Simulation:
     def grid(self, unit: float | None = None) -> str:
         """A ranks x time text picture, one cell per ``unit`` of time (default: smallest cost)."""
         return grid(self.schedule, self.timeline, unit)
+
+
+def peak_activations(schedule: Schedule) -> tuple[float, ...]:
+    """Per rank, the most activations alive at once (see ``Simulation.peak_activations``).
+
+    >>> from pipeline.schedules import one_f_one_b
+    >>> peak_activations(one_f_one_b(4, 8))
+    (4.0, 3.0, 2.0, 1.0)
+    """
+    share, peaks = 1.0 / schedule.chunks, []
+    for acts in schedule.actions:
+        alive = peak = 0
+        for a in acts:
+            if a.kind is F:
+                alive += 1
+                peak = max(peak, alive)
+            elif a.kind in (B, W):
+                alive -= 1
+        peaks.append(peak * share)
+    return tuple(peaks)
 
 
 def from_trace(schedule: Schedule, traces: Sequence[Sequence[tuple]]) -> Simulation:
@@ -80,6 +109,7 @@ def simulate(
     weight: float | None = None,
     *,
     comm: float = 0.0,
+    overlap: float | None = None,
 ) -> Simulation:
     """Run ``schedule`` on paper: each rank does its actions in order, each as soon as its
     inputs are there.
@@ -89,6 +119,10 @@ def simulate(
         weight: the weight-gradient half (W) of ``backward`` where the schedule splits it;
             the input-gradient half (I) costs ``backward - weight``. Default ``backward / 2``.
         comm: cost of one hop of an activation or gradient between two ranks.
+        overlap: cost of a forward and a backward that the schedule overlaps (its
+            ``overlaps``: DualPipeV's pairs); both start once both inputs are there and end
+            together. Default: the sum of the two costs (they share the device; set it
+            lower where the overlap hides communication, as DualPipe's does).
 
     Returns:
         A :class:`Simulation` with ``makespan``, ``bubble_fraction`` =
@@ -113,18 +147,24 @@ def simulate(
         for r in range(p):
             acts = schedule.actions[r]
             while position[r] < len(acts):
-                action = acts[position[r]]
-                ready = _ready(action, action.stage(r, p), done, last, p, r, comm)
-                if ready is None:
+                at = position[r]
+                group = acts[at : at + 2] if (r, at) in schedule.overlaps else acts[at : at + 1]
+                stages = [schedule.stage_of(r, a.chunk) for a in group]
+                readies = [
+                    _ready(schedule, a, s, done, last, r, comm) for a, s in zip(group, stages)
+                ]
+                if any(ready is None for ready in readies):
                     break
-                start = max(free[r], ready)
-                end = start + cost[action.kind]
+                start = max([free[r]] + readies)
+                took = sum(cost[a.kind] for a in group)
+                end = start + (overlap if len(group) == 2 and overlap is not None else took)
                 free[r] = end
-                key = "F" if action.kind is F else "W" if action.kind is W else "G"
-                done[(key, action.stage(r, p), action.microbatch)] = end
-                rows[r].append(Event(r, action, start, end))
-                position[r] += 1
-                remaining -= 1
+                for action, stage in zip(group, stages):
+                    key = "F" if action.kind is F else "W" if action.kind is W else "G"
+                    done[(key, stage, action.microbatch)] = end
+                    rows[r].append(Event(r, action, start, end))
+                position[r] += len(group)
+                remaining -= len(group)
                 progressed = True
         if not progressed:
             stuck = {
@@ -137,19 +177,60 @@ def simulate(
                 f"{stuck}; schedule.validate() says why\n{grid(schedule)}"
             )
     makespan = max(free) if p else 0.0
-    busy = sum(e.end - e.start for row in rows for e in row)
+    busy = sum(_busy(row) for row in rows)
     bubble = 1.0 - busy / (p * makespan) if makespan > 0 else 0.0
     return Simulation(schedule, float(makespan), bubble, tuple(tuple(r) for r in rows))
 
 
-def _ready(action, stage, done, last, p, rank, comm):
+def period(schedule: Schedule, *costs: Any, **options: Any) -> float:
+    """Time per step once steps follow each other with no flush between them: each rank
+    starts the next step's actions as soon as its own are done (as the zero-bubble papers
+    do, with the optimizer step validated after the fact). ``costs`` (forward, backward,
+    weight) and ``options`` (comm, overlap) as for :func:`simulate`.
+
+    ZB-H2's warm-up makes its steps interlock; at F = I = W its period is the work alone:
+
+        >>> from pipeline.schedules import zero_bubble, zero_bubble_h2
+        >>> period(zero_bubble_h2(4, 8), 1, 2, 1), period(zero_bubble(4, 8), 1, 2, 1)
+        (24.0, 27.0)
+    """
+    steps = schedule.ranks + 2  # enough for the start-up to have settled
+    spans = [simulate(_repeat(schedule, k), *costs, **options) for k in (steps, steps + 1)]
+    return spans[1].makespan - spans[0].makespan
+
+
+def _repeat(schedule: Schedule, steps: int) -> Schedule:
+    """``steps`` copies of ``schedule`` back to back; step s has microbatches s*m .. s*m+m-1."""
+    m = schedule.microbatches
+    rows = tuple(
+        tuple(Action(a.chunk, a.kind, s * m + a.microbatch) for s in range(steps) for a in acts)
+        for acts in schedule.actions
+    )
+    overlaps = frozenset(
+        (r, s * len(schedule.actions[r]) + i) for s in range(steps) for r, i in schedule.overlaps
+    )
+    return Schedule(schedule.ranks, m * steps, schedule.chunks, rows, schedule.name,
+                    schedule.layout, overlaps)  # fmt: skip
+
+
+def _busy(row: Sequence[Event]) -> float:
+    """Time a rank computes; the two events of an overlapped pair share one interval."""
+    return sum(
+        e.end - e.start
+        for k, e in enumerate(row)
+        if k == 0 or (e.start, e.end) != (row[k - 1].start, row[k - 1].end)
+    )
+
+
+def _ready(schedule, action, stage, done, last, rank, comm):
     """When the inputs of ``action`` are there, or None if not yet known."""
     m = action.microbatch
     if action.kind is F:
         if stage == 0:
             return 0.0
         end = done.get(("F", stage - 1, m))
-        return None if end is None else end + (comm if (stage - 1) % p != rank else 0.0)
+        hop = comm if schedule.place(stage - 1)[0] != rank else 0.0
+        return None if end is None else end + hop
     if action.kind is W:
         return done.get(("G", stage, m))
     own = done.get(("F", stage, m))
@@ -158,39 +239,5 @@ def _ready(action, stage, done, last, p, rank, comm):
     if stage == last:
         return own
     end = done.get(("G", stage + 1, m))
-    return None if end is None else max(own, end + (comm if (stage + 1) % p != rank else 0.0))
-
-
-def grid(
-    schedule: Schedule,
-    timeline: Sequence[Sequence[Event]] | None = None,
-    unit: float | None = None,
-) -> str:
-    """Text picture of a schedule: ranks x position, or ranks x time given a ``timeline``.
-
-    >>> from pipeline.schedules import gpipe
-    >>> print(grid(gpipe(2, 2)))
-    rank 0 | 0F0 0F1 0B0 0B1
-    rank 1 | 0F0 0F1 0B0 0B1
-    """
-    width = max([len(str(a)) for row in schedule.actions for a in row] + [3])
-    label = len(f"rank {schedule.ranks - 1}")
-    if timeline is None:
-        return "\n".join(
-            f"{'rank ' + str(r):<{label}} | " + " ".join(f"{str(a):<{width}}" for a in row)
-            for r, row in enumerate(schedule.actions)
-        ).rstrip()
-    durations = [e.end - e.start for row in timeline for e in row if e.end > e.start]
-    step = unit or (min(durations) if durations else 1.0)
-    end = max((e.end for row in timeline for e in row), default=0.0)
-    cells = int(round(end / step))
-    lines = []
-    for r, row in enumerate(timeline):
-        cell = [" " * (width - 1) + "."] * cells
-        for e in row:
-            first, stop = int(round(e.start / step)), int(round(e.end / step))
-            for k in range(first, max(stop, first + 1)):
-                if k < cells:
-                    cell[k] = f"{str(e.action):>{width}}"
-        lines.append(f"{'rank ' + str(r):<{label}} | " + " ".join(cell))
-    return "\n".join(lines)
+    hop = comm if schedule.place(stage + 1)[0] != rank else 0.0
+    return None if end is None else max(own, end + hop)

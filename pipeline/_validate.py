@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from collectives import InvalidArgumentError
 
-from ._action import B, F, I, Schedule, W
+from ._action import B, F, I, W
 from ._plan import Group, PlanError, plan
+
+if TYPE_CHECKING:  # the schedule imports the validator, not the other way round
+    from ._schedule import Schedule
 
 
 def validate(schedule: Schedule) -> None:
@@ -43,7 +47,7 @@ def validate(schedule: Schedule) -> None:
 
 
 def _contents(schedule: Schedule) -> list[str]:
-    p, problems = schedule.ranks, []
+    problems: list[str] = []
     counts: Counter = Counter()
     for rank, acts in enumerate(schedule.actions):
         for a in acts:
@@ -52,10 +56,13 @@ def _contents(schedule: Schedule) -> list[str]:
                     f"rank {rank}: {a} is out of range, expected chunk < {schedule.chunks} "
                     f"and microbatch < {schedule.microbatches}"
                 )
-            counts[(a.stage(rank, p), a.kind, a.microbatch)] += 1
+            if 0 <= a.chunk < schedule.chunks:
+                counts[(schedule.stage_of(rank, a.chunk), a.kind, a.microbatch)] += 1
     for key, n in counts.items():
         if n > 1:
-            problems.append(f"rank {key[0] % p}: {_name(schedule, *key)} appears {n} times")
+            problems.append(
+                f"rank {_rank(schedule, key[0])}: {_name(schedule, *key)} appears {n} times"
+            )
     for stage in range(schedule.stages):
         for m in range(schedule.microbatches):
             has = {k: counts[(stage, k, m)] for k in (F, B, I, W)}
@@ -70,27 +77,43 @@ def _contents(schedule: Schedule) -> list[str]:
                 missing.append(I)
             if has[B] and (has[I] or has[W]):
                 problems.append(
-                    f"rank {stage % p}: {_name(schedule, stage, B, m)} is both whole and split"
+                    f"rank {_rank(schedule, stage)}: {_name(schedule, stage, B, m)} is both whole and split"
                 )
             problems += [
-                f"rank {stage % p}: {_name(schedule, stage, k, m)} is missing" for k in missing
+                f"rank {_rank(schedule, stage)}: {_name(schedule, stage, k, m)} is missing"
+                for k in missing
             ]
+    for rank, index in sorted(schedule.overlaps):
+        acts = schedule.actions[rank] if 0 <= rank < schedule.ranks else ()
+        pair = acts[index : index + 2] if 0 <= index else ()
+        if (
+            len(pair) != 2
+            or {a.kind is F for a in pair} != {True, False}
+            or W in {a.kind for a in pair}
+            or pair[0].microbatch == pair[1].microbatch
+        ):
+            problems.append(
+                f"rank {rank}: overlap at position {index} is {' + '.join(map(str, pair)) or 'nothing'}, "
+                "expected a forward and a backward (B or I) of different microbatches"
+            )
     return problems
 
 
 def _order(schedule: Schedule) -> list[str]:
-    p, problems = schedule.ranks, []
+    problems = []
     for rank, acts in enumerate(schedule.actions):
-        at = {(a.stage(rank, p), a.kind, a.microbatch): i for i, a in enumerate(acts)}
+        at = {
+            (schedule.stage_of(rank, a.chunk), a.kind, a.microbatch): i for i, a in enumerate(acts)
+        }
         for (stage, kind, m), i in at.items():
             before = []
             if kind in (B, I):
                 before.append((stage, F, m))
-                if stage + 1 < schedule.stages and (stage + 1) % p == rank:
+                if stage + 1 < schedule.stages and schedule.place(stage + 1)[0] == rank:
                     before += [(stage + 1, B, m), (stage + 1, I, m)]
             if kind is W:
                 before.append((stage, I, m))
-            if kind is F and stage > 0 and (stage - 1) % p == rank:
+            if kind is F and stage > 0 and schedule.place(stage - 1)[0] == rank:
                 before.append((stage - 1, F, m))
             for key in before:
                 if key in at and at[key] > i:
@@ -147,4 +170,8 @@ def _deadlock(schedule: Schedule, rows) -> list[str]:
 
 
 def _name(schedule: Schedule, stage: int, kind, m: int) -> str:
-    return f"{stage // schedule.ranks}{kind.name}{m} (stage {stage})"
+    return f"{schedule.place(stage)[1]}{kind.name}{m} (stage {stage})"
+
+
+def _rank(schedule: Schedule, stage: int) -> int:
+    return schedule.place(stage)[0]

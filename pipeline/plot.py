@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._action import Schedule
+from ._schedule import Schedule
 from ._simulate import Simulation, simulate
 
 #: one colour per action kind (F, B, I, W)
@@ -47,19 +47,26 @@ def timelines(
     )  # fmt: skip
     for k, (ax, sim) in enumerate(zip(axes[:, 0], simulations)):
         for row in sim.timeline:
-            for e in row:
+            for i, e in enumerate(row):
                 width = e.end - e.start
-                ax.broken_barh([(e.start, width)], (e.rank - 0.4, 0.8),
+                # an overlapped pair shares one interval: forward above, backward below
+                paired = any(0 <= j < len(row) and (row[j].start, row[j].end) == (e.start, e.end)
+                             for j in (i - 1, i + 1))  # fmt: skip
+                top, height = e.rank - 0.4, 0.8
+                if paired:
+                    top, height = (
+                        (e.rank - 0.4, 0.4) if e.action.kind.name == "F" else (e.rank, 0.4)
+                    )
+                ax.broken_barh([(e.start, width)], (top, height),
                                facecolors=COLOURS[e.action.kind.name], edgecolor="white", linewidth=0.5)  # fmt: skip
                 if width >= 0.012 * sim.makespan:
                     label = str(e.action.microbatch)
-                    if sim.schedule.chunks > 1:
-                        label = f"{e.action.chunk}.{label}"
-                    ax.text(
-                        e.start + width / 2, e.rank, label, ha="center", va="center", fontsize=7
-                    )
+                    if sim.schedule.chunks > 1:  # model stage : microbatch
+                        label = f"{sim.schedule.stage_of(e.rank, e.action.chunk)}:{label}"
+                    ax.text(e.start + width / 2, top + height / 2, label,
+                            ha="center", va="center", fontsize=7 if sim.schedule.chunks == 1 else 5)  # fmt: skip
         ax.set_yticks(range(sim.schedule.ranks))
-        ax.set_yticklabels([f"rank {r}" for r in range(sim.schedule.ranks)])
+        ax.set_yticklabels([_rank_label(sim.schedule, r) for r in range(sim.schedule.ranks)])
         ax.invert_yaxis()
         title = titles[k] if titles else sim.schedule.name
         ax.set_title(
@@ -75,3 +82,11 @@ def timelines(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _rank_label(schedule: Schedule, rank: int) -> str:
+    """``rank 0`` or, where a rank holds several chunks, ``rank 0: 0,7`` (its model stages)."""
+    if schedule.chunks == 1:
+        return f"rank {rank}"
+    stages = ",".join(str(schedule.stage_of(rank, c)) for c in range(schedule.chunks))
+    return f"rank {rank}: {stages}"

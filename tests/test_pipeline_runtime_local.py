@@ -11,7 +11,14 @@ import pytest
 import collectives as col
 import pipeline
 from pipeline.mlp import Chain, Dense, init_weights, mse
-from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble
+from pipeline.schedules import (
+    dualpipe_v,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    zero_bubble,
+    zero_bubble_v,
+)
 
 
 class FakeComm:
@@ -48,10 +55,19 @@ def unsplit(weights, xs, ts):
     return losses, layers
 
 
-@pytest.mark.parametrize("chunks,split", [(3, False), (3, True), (1, True)])
-def test_one_rank_with_chunks_matches_unsplit(chunks, split):
+@pytest.mark.parametrize(
+    "make,split",
+    [
+        (lambda m: interleaved_1f1b(1, m, 3), False),
+        (lambda m: interleaved_1f1b(1, m, 3), True),
+        (lambda m: zero_bubble(1, m), True),
+        (lambda m: zero_bubble_v(1, m), True),
+        (lambda m: dualpipe_v(1, m), False),
+    ],
+)
+def test_one_rank_with_chunks_matches_unsplit(make, split):
     m = 4
-    schedule = interleaved_1f1b(1, m, chunks) if not split else zero_bubble(1, m)
+    schedule = make(m)
     chunks = schedule.chunks
     rng = np.random.default_rng(0)
     weights = init_weights([3] * (chunks + 1), rng)
@@ -132,6 +148,26 @@ def test_unsupported_dtype_is_refused():
         match="has dtype bool and 2 dims, expected one of int8, .*bfloat16",
     ):
         pipeline.run(gpipe(2, 1), FakeComm(0, 2), [STAGE], inputs=xs)
+
+
+def test_a_stage_that_raises_shows_the_action_list_with_the_failing_action_marked():
+    def forward(x, mb):
+        if mb == 1:
+            raise ValueError("bad microbatch")
+        return x
+
+    schedule = zero_bubble_v(1, 2)  # rank 0 holds stage 0 (chunk 0) and stage 1 (chunk 1)
+    stages = [STAGE, pipeline.Stage(forward, lambda dy, mb: dy)]
+    xs = [np.zeros(2)] * 2
+    with pytest.raises(pipeline.StageError) as info:
+        pipeline.run(schedule, FakeComm(0, 1), stages, inputs=xs, targets=xs, loss_fn=mse)
+    at = [str(a) for a in schedule.actions[0]].index("1F1")
+    assert info.value.rank == 0 and info.value.index == at and str(info.value.action) == "1F1"
+    assert isinstance(info.value.__cause__, ValueError)
+    message = str(info.value)
+    assert "rank 0 failed at action" in message and "(1F1, model stage 1)" in message
+    assert "ValueError: bad microbatch" in message
+    assert message.splitlines()[-1].split()[at + 3] == ">1F1"  # "rank 0 |" then the actions
 
 
 def test_tied_group_bad_ranks():

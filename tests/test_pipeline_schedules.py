@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from pipeline import Action, ActionKind, Schedule
+from pipeline import Action, ActionKind, Schedule, schedules, simulate
 from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
 
 CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
@@ -13,6 +13,7 @@ CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
 
 def all_schedules(p, m):
     out = [gpipe(p, m), one_f_one_b(p, m), zero_bubble(p, m), zero_bubble_h2(p, m)]
+    out += [schedules.zero_bubble_v(p, m), schedules.dualpipe_v(p, m)]
     if m % p == 0:
         out += [interleaved_1f1b(p, m, c) for c in (1, 2, 3, 4)]
     return out
@@ -72,11 +73,44 @@ def test_text_round_trip():
     for p, m in [(1, 3), (2, 4), (4, 8), (3, 6)]:
         for schedule in all_schedules(p, m):
             text = schedule.to_text()
-            back = Schedule.from_text(text, microbatches=m, chunks=schedule.chunks)
+            back = Schedule.from_text(
+                text, microbatches=m, chunks=schedule.chunks, layout=schedule.layout
+            )
             assert back == schedule
             for row in schedule.actions:
                 for a in row:
                     assert Action.parse(str(a)) == a
+
+
+@pytest.mark.parametrize("p,m", CASES)
+def test_v_schedules_memory_and_bubble(p, m):
+    """ZB-V holds 1F1B's peak and beats ZB-H1 (same model: a V chunk is half a stage);
+    DualPipeV holds at most one microbatch more than ZB-V."""
+    v, h1, f = schedules.zero_bubble_v(p, m), zero_bubble(p, m), one_f_one_b(p, m)
+    sim_v = simulate(v, forward=0.5, backward=1, weight=0.5)
+    assert max(sim_v.peak_activations) == max(simulate(f).peak_activations) == min(p, m)
+    if p > 1:
+        assert sim_v.makespan < simulate(h1, forward=1, backward=2, weight=1).makespan
+    assert max(simulate(schedules.dualpipe_v(p, m)).peak_activations) <= p + 1
+
+
+def test_stage_of_and_place():
+    v = schedules.zero_bubble_v(4, 8)
+    assert [v.stage_of(r, c) for c in (0, 1) for r in range(4)] == [0, 1, 2, 3, 7, 6, 5, 4]
+    assert [v.place(s) for s in (0, 3, 4, 7)] == [(0, 0), (3, 0), (3, 1), (0, 1)]
+    looped = interleaved_1f1b(4, 8, 2)
+    assert [looped.stage_of(r, 1) for r in range(4)] == [4, 5, 6, 7]
+    assert looped.place(6) == (2, 1)
+
+
+def test_overlaps_in_the_text_form():
+    d = schedules.dualpipe_v(4, 8)
+    assert d.overlaps and "+" in d.to_text()
+    rank, index = min(d.overlaps)
+    pair = d.actions[rank][index : index + 2]
+    assert {a.kind for a in pair} == {ActionKind.F, ActionKind.I}
+    s = Schedule.from_text("rank 0: 0F0 0F1+0B0 0B1", layout="looped")
+    assert s.overlaps == {(0, 1)} and s.to_text() == "rank 0: 0F0 0F1+0B0 0B1"
 
 
 def test_action_text_form():
@@ -100,6 +134,10 @@ def test_bad_schedule_text():
         col.InvalidArgumentError, match="actions has 1 rank lists, expected ranks=2"
     ):
         Schedule(2, 1, 1, ((),))
+    with pytest.raises(col.InvalidArgumentError, match="layout is 'w', expected one of"):
+        Schedule(1, 1, 1, ((),), layout="w")
+    with pytest.raises(col.InvalidArgumentError, match="layout 'v' has chunks=3, expected 2"):
+        Schedule(1, 1, 3, ((),), layout="v")
 
 
 @pytest.mark.parametrize(
@@ -116,3 +154,41 @@ def test_bad_schedule_text():
 def test_bad_arguments(make, match):
     with pytest.raises(col.InvalidArgumentError, match=match):
         make()
+
+
+def test_pipeline_modules_import_without_cycles():
+    """Every import between pipeline modules, lazy ones included (TYPE_CHECKING aside)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(schedules.__file__).parent
+    edges = {}
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body
+            for node in ast.walk(stmt)
+        }
+        edges[path.stem] = {
+            (node.module or "").lstrip(".") or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in typing_only
+            for alias in node.names
+        }
+    seen, done = set(), set()
+
+    def visit(name, trail):
+        assert name not in seen - done, f"import cycle: {' -> '.join(trail + [name])}"
+        if name in done or name not in edges:
+            return
+        seen.add(name)
+        for other in edges[name]:
+            visit(other, trail + [name])
+        done.add(name)
+
+    for name in edges:
+        visit(name, [])
+    assert "_validate" in edges["_schedule"]  # the walk saw the imports

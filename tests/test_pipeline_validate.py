@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from pipeline import Schedule
-from pipeline._plan import Group, plan
+from pipeline import Schedule, schedules
+from pipeline._plan import Group, from_text, plan, to_text
 from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
 
 
@@ -30,6 +30,8 @@ def bad(text, **kw):
             {},
             r"rank 0 waits forever before 0B0 to receive the gradient of stage 1 microbatch 1",
         ),
+        ("rank 0: 0F0+0B0", {}, r"rank 0: overlap at position 0 is 0F0 \+ 0B0, expected a forward"),
+        ("rank 0: 0F0 0F1 0B0+0B1", {}, r"overlap at position 2 is 0B0 \+ 0B1"),
     ],
 )
 def test_broken_schedules(text, kw, match):
@@ -64,6 +66,8 @@ def _ops(schedule):
         interleaved_1f1b(4, 8, 3),
         zero_bubble(4, 8),
         zero_bubble_h2(3, 5),
+        schedules.zero_bubble_v(4, 8),
+        schedules.dualpipe_v(3, 6),
     ],  # fmt: skip
     ids=lambda s: s.name,
 )
@@ -91,3 +95,24 @@ def test_plan_of_gpipe_on_two_ranks():
     ]
     # rank 1: header, then payload of the activation; forward; backward; send the gradient
     assert text == [[(False, True)], [(False, False)], "0F0", "0B0", [(True, True), (True, False)]]
+
+
+@pytest.mark.parametrize("p,m", [(1, 2), (2, 4), (4, 8), (3, 5)])
+def test_plan_text_round_trip(p, m):
+    for schedule in [
+        gpipe(p, m),
+        zero_bubble(p, m),
+        schedules.zero_bubble_v(p, m),
+        schedules.dualpipe_v(p, m),
+    ]:
+        rows = plan(schedule)
+        text = to_text(rows)
+        assert from_text(text) == rows
+        assert text.count("[") == sum(isinstance(x, Group) for row in rows for x in row)
+
+
+def test_plan_text_errors():
+    with pytest.raises(col.InvalidArgumentError, match="Op.parse: text is '>1:foo0.0'"):
+        from_text("rank 0: 0F0 [>1:foo0.0]")
+    with pytest.raises(col.InvalidArgumentError, match="line 1 is 'rank 1: 0F0'"):
+        from_text("rank 1: 0F0")

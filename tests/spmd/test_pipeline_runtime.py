@@ -46,10 +46,10 @@ def data(microbatches, seed=1):
 
 def build(schedule, rank, weights, xp, split):
     """This rank's layers (one Dense per model stage) and Stages, chunk by chunk."""
-    p, last = schedule.ranks, schedule.stages - 1
+    last = schedule.stages - 1
     layers, stages = {}, []
     for chunk in range(schedule.chunks):
-        s = chunk * p + rank
+        s = schedule.stage_of(rank, chunk)
         w, b = weights[s]
         layers[s] = Dense(xp.asarray(w), xp.asarray(b), activation=None if s == last else "tanh")
         stages.append(Chain([layers[s]]).stage(split=split))
@@ -62,6 +62,8 @@ SCHEDULES = {
     "interleaved-2": lambda p, m: schedules.interleaved_1f1b(p, m, 2),
     "zb-h1": lambda p, m: schedules.zero_bubble(p, m),
     "zb-h2": lambda p, m: schedules.zero_bubble_h2(p, m),
+    "zb-v": lambda p, m: schedules.zero_bubble_v(p, m),
+    "dualpipe-v": lambda p, m: schedules.dualpipe_v(p, m),
 }
 
 
@@ -74,7 +76,7 @@ def test_same_losses_and_gradients_as_unsplit(comm, xp, name, split):
     xs, ts = data(m)
     want_losses, want_grads = reference(weights, xs, ts, scale=1 / m)
     layers, stages = build(schedule, comm.rank, weights, xp, split)
-    first, last = comm.rank == 0, comm.rank == (schedule.stages - 1) % p
+    first, last = comm.rank == 0, comm.rank == schedule.place(schedule.stages - 1)[0]
     for _step in range(2):  # the second step runs on cached layouts and reused buffers
         for layer in layers.values():
             layer.zero_grad()
