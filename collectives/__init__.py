@@ -17,6 +17,7 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
+from ._hierarchical import HierarchicalCommunicator, hierarchical
 from ._init import BackendFallbackWarning, init
 from ._mesh import DeviceMesh
 from ._ops import ReduceOp
@@ -35,10 +36,12 @@ __all__ = [
     "Communicator",
     "CommunicatorStateError",
     "DeviceMesh",
+    "HierarchicalCommunicator",
     "InvalidArgumentError",
     "ReduceOp",
     "Work",
     "array_module",
     "as_bfloat16",
+    "hierarchical",
     "init",
 ]
