@@ -251,6 +251,10 @@ class HierarchicalCommunicator:
         self.mpi_comm, self.timeout = parent.mpi_comm, parent.timeout
         self.local_rank, self.local_size = intra.rank, intra.size
         self.node, self.nodes = inter.rank, inter.size
+        # A sub-communicator counts only its own ranks on the node; when the parent's ranks
+        # outnumber the cores, a waiting rank of either must yield its core early too.
+        for sub in (intra, inter):
+            sub.yield_after = min(sub.yield_after, parent.yield_after)
         order = block_order(nodes)
         self._order = None if order == list(range(self.size)) else np.array(order)
         self._grouped = False

@@ -73,7 +73,7 @@ def tune_bucket_cap(
     caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
     *,
     first_bucket_cap_mb: float = 1.0,
-    rounds: int = 3,
+    rounds: int = 5,
     check: bool = True,
 ) -> BucketCapTuning:
     """Time the bucketed reduction of ``params``' gradients at each cap; return rank 0's
