@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ._arrays import array_module, as_bfloat16, unwrap
+from ._arrays import array_module, as_bfloat16, is_device_array, unwrap
 from ._communicator import Communicator
 from ._dtypes import FLOATING
 from ._errors import invalid, state_error
@@ -194,20 +194,16 @@ class HierarchicalWork:
 
     def is_completed(self) -> bool:
         """True once the result is in place; never issues communication."""
-        if self._done:
-            return True
-        if self._later or not all(work.is_completed() for work in self._works):
-            return False
-        self._finish()
-        return True
+        if not self._done and not self._later and all(w.is_completed() for w in self._works):
+            self._finish()
+        return self._done
 
     def synchronize(self) -> Any:
         """Block the host until the result is in place (the timeout applies to each step)."""
-        self.wait()
-        xp = array_module(self._result)
-        if xp is not np:
-            xp.cuda.get_current_stream().synchronize()
-        return self._result
+        result = self.wait()
+        if is_device_array(result):  # the copies after the last step ran on this stream
+            array_module(result).cuda.get_current_stream().synchronize()
+        return result
 
     @property
     def result(self) -> Any:
