@@ -67,7 +67,10 @@ def parser() -> argparse.ArgumentParser:
         help="hierarchical: all_reduce, reduce_scatter, all_gather through col.hierarchical "
         "(nodes: the shared-memory split, or COLLECTIVES_RANKS_PER_NODE)",
     )  # fmt: skip
-    p.add_argument("--baseline", default=None, choices=BASELINES, help="raw library to compare")
+    p.add_argument(
+        "--baseline", default=None, choices=(*BASELINES, "flat"),
+        help="raw library to compare (flat: this library's flat calls, for --algorithm)",
+    )  # fmt: skip
     p.add_argument(
         "-R", "--rounds", type=int, default=None,
         help="timed blocks per size and form (1; 5 with --baseline)",
@@ -273,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.algorithm == "hierarchical":
             comm = col.hierarchical(world)
         xp = np if comm.backend == "mpi" else _cupy()
-        if args.baseline:
+        if args.baseline == "flat":
+            baseline = Ours(world)
+            baseline.name = "flat"
+        elif args.baseline:
             baseline = make_baseline(args.baseline, comm.mpi_comm, xp)
         lead = comm.rank == 0
         meta = _report.metadata(comm, args, argv)
