@@ -7,16 +7,15 @@ among the ranks with the same local rank, and an all-gather inside the node. Onl
 the data crosses between nodes from each rank. reduce_scatter is the first two halves (a
 reduce-scatter inside the node, then one across nodes) and all_gather the last two (an
 all-gather across nodes, then one inside the node), so that across nodes each rank also
-moves only its share.
-
-The node layout is pure (``node_layout``, ``block_order``): tested without a communicator.
+moves only its share. Where nodes differ in size, the ranks of a smaller node carry the
+parts of the missing local ranks too (``_nodes``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable
 
@@ -27,73 +26,14 @@ from ._arrays import array_module, as_bfloat16, is_device_array, unwrap
 from ._communicator import Communicator
 from ._dtypes import FLOATING
 from ._errors import invalid, state_error
-from ._mpi import divide_in_place
+from ._mpi import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
+from ._nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
 from ._ops import ReduceOp
 
-RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
 _CALL = "hierarchical"
 
 #: a step of a call: (async_op) -> Work
 Step = Callable[[bool], Any]
-
-
-def node_layout(keys: Sequence[int]) -> list[list[int]]:
-    """Ranks grouped by node: ``keys[r]`` names rank r's node; nodes are listed by their
-    lowest rank, the ranks of each in rank order.
-
-    Example:
-        >>> node_layout([0, 0, 1, 1])          # COLLECTIVES_RANKS_PER_NODE=2, 4 ranks
-        [[0, 1], [2, 3]]
-        >>> node_layout([5, 9, 5, 9])          # two hosts, ranks placed round-robin
-        [[0, 2], [1, 3]]
-    """
-    nodes: dict[int, list[int]] = {}
-    for rank, key in enumerate(keys):
-        nodes.setdefault(key, []).append(rank)
-    return sorted(nodes.values(), key=lambda ranks: ranks[0])
-
-
-def emulated_keys(size: int, ranks_per_node: int) -> list[int]:
-    """Node keys that make consecutive groups of ``ranks_per_node`` ranks one node each.
-
-    Example: ``emulated_keys(4, 2) == [0, 0, 1, 1]``.
-    """
-    return [rank // ranks_per_node for rank in range(size)]
-
-
-def check_even(nodes: list[list[int]], source: str) -> None:
-    """Every node must have as many ranks: the steps split data into equal parts per node.
-
-    Example: ``check_even([[0, 1], [2]], "...")`` raises ``InvalidArgumentError``.
-    """
-    sizes = [len(ranks) for ranks in nodes]
-    if len(set(sizes)) > 1:
-        total = sum(sizes)
-        raise invalid(
-            _CALL,
-            f"nodes must all have the same number of ranks, got node sizes {sizes} "
-            f"({source}, {total} ranks); use the flat communicator, or a number of "
-            f"ranks per node that divides {total}",
-        )
-
-
-def block_order(nodes: list[list[int]]) -> list[int]:
-    """The ranks in the order the two-step reduce_scatter and all_gather lay out blocks:
-    local rank major, node minor (entry ``l * nodes + n`` is local rank l of node n).
-
-    Example: ``block_order([[0, 1], [2, 3]]) == [0, 2, 1, 3]``.
-    """
-    return [ranks[local] for local in range(len(nodes[0])) for ranks in nodes]
-
-
-def ranks_per_node_from_env() -> int | None:
-    """``COLLECTIVES_RANKS_PER_NODE`` as a positive int, None where unset or empty."""
-    text = os.environ.get(RANKS_PER_NODE, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise invalid(_CALL, f"{RANKS_PER_NODE} must be a positive integer, got {text!r}")
-    return int(text)
 
 
 def hierarchical(
@@ -104,19 +44,20 @@ def hierarchical(
 
     Nodes are the shared-memory split of ``comm``, or consecutive groups of
     ``ranks_per_node`` ranks (default: environment ``COLLECTIVES_RANKS_PER_NODE``), which is
-    how the path across nodes runs on one machine. Every node must have the same number of
-    ranks: otherwise every rank raises ``InvalidArgumentError`` (with ``ranks_per_node``
-    before any communication; with the shared-memory split after it, which every rank
-    makes). Collective: every rank of ``comm`` calls it. Close the view (its two
-    sub-communicators) before ``comm``.
+    how the path across nodes runs on one machine. Nodes may differ in size (a last node
+    with fewer ranks): a rank of a smaller node then carries the parts of the missing local
+    ranks across nodes too. Collective: every rank of ``comm`` calls it. Close the view
+    (its sub-communicators) before ``comm``.
 
     Results equal the flat call's exactly for integers and for max and min. For floating
     dtypes sum, avg and prod add (or multiply) in another order, so a result may differ
     from the flat one by the rounding of a reordered sum: at most ``2 * (size - 1) * u *
     sum(|x|)`` per element, over the ranks' values (``u`` the unit roundoff: 2**-24 for
     float32, 2**-53 for float64, 2**-11 for float16, 2**-8 for bfloat16), the same bound in
-    relative terms for prod, and for avg two roundings more (floating avg averages in each
-    step; integer avg sums and divides once, truncating toward zero as the flat call does).
+    relative terms for prod, and for avg two roundings more. Floating avg averages in each
+    step on equal nodes (the mean of the node means); integer avg, and any avg on unequal
+    nodes, sums and divides once by ``size`` (integers truncating toward zero as the flat
+    call does).
 
     Example:
         >>> comm = col.init()                      # COLLECTIVES_RANKS_PER_NODE=2 mpiexec -n 4 ...
@@ -130,23 +71,26 @@ def hierarchical(
     comm._usable(_CALL)
     if ranks_per_node is None:
         ranks_per_node = ranks_per_node_from_env()
-        source = f"{RANKS_PER_NODE}={ranks_per_node}"
-    else:
-        if type(ranks_per_node) is not int or ranks_per_node < 1:
-            raise invalid(_CALL, f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
-        source = f"ranks_per_node={ranks_per_node}"
+    elif type(ranks_per_node) is not int or ranks_per_node < 1:
+        raise invalid(_CALL, f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
     if ranks_per_node is not None:
         nodes = node_layout(emulated_keys(comm.size, ranks_per_node))
     else:
         nodes = node_layout(_shared_memory_keys(comm.mpi_comm))
-        source = "the shared-memory split"
-    check_even(nodes, source)
     node = next(n for n, ranks in enumerate(nodes) if comm.rank in ranks)
-    local = nodes[node].index(comm.rank)
+    layout = NodeLayout(nodes, node, nodes[node].index(comm.rank))
     intra = comm.split(node, key=comm.rank)
-    inter = comm.split(local, key=node)
-    assert intra is not None and inter is not None  # every rank passed a color
-    return HierarchicalCommunicator(comm, intra, inter, nodes)
+    carriers: dict[int, Any] = {}  # slot -> the communicator of its carriers
+    if layout.even:  # each rank carries the slot of its local rank: one split
+        carriers[layout.local] = comm.split(layout.local, key=node)
+    else:  # one split per slot, of its carriers on every node (ranks in order of node)
+        served = set(layout.served)
+        for slot in range(layout.widest):
+            sub = comm.split(0 if slot in served else None, key=node)
+            if slot in served:
+                carriers[slot] = sub
+    assert intra is not None and all(c is not None for c in carriers.values())
+    return HierarchicalCommunicator(comm, intra, [carriers[s] for s in layout.served], layout)
 
 
 def _shared_memory_keys(mpi_comm: MPI.Comm) -> list[int]:
@@ -161,20 +105,26 @@ def _shared_memory_keys(mpi_comm: MPI.Comm) -> list[int]:
 
 
 class HierarchicalWork:
-    """The ``Work`` of a hierarchical call: its steps' Works, the steps still to issue, and
-    the copies (or integer avg's division) that follow the last step.
+    """The ``Work`` of a hierarchical call: its steps' Works, the phases of steps still to
+    issue, and the copies (or avg's division) that follow the last step.
 
-    On NCCL every step is issued at once: the one stream per device runs them in order.
-    On MPI a step needs the previous one's result, so only the first is in flight after
-    the call and ``wait()`` runs the others: wait for it on every rank, in the same order
-    as the calls (as DDP does); ``is_completed()`` stays False until then. Otherwise it
-    becomes True once the last step has finished (and runs what follows it, which is local).
+    A phase is the steps that can run together (one per communicator: the all-reduces of
+    the slots a rank carries across nodes, say); each phase reads the previous one's result.
+    On NCCL every step is issued at once: the one stream per device runs them in order. On
+    MPI only the first phase is in flight after the call and ``wait()`` issues the others:
+    wait for it on every rank, in the same order as the calls (as DDP does);
+    ``is_completed()`` stays False until then. Otherwise it becomes True once the last step
+    has finished (and runs what follows it, which is local).
     """
 
     __slots__ = ("_works", "_later", "_after", "_result", "_done")
 
     def __init__(
-        self, works: list[Any], later: list[Step], after: list[Callable[[], None]], result: Any
+        self,
+        works: list[Any],
+        later: list[list[Step]],
+        after: list[Callable[[], None]],
+        result: Any,
     ):
         self._works = works  # read by ``completion_event`` (DDP's bucket timings)
         self._later = later
@@ -188,7 +138,8 @@ class HierarchicalWork:
             for work in self._works:
                 work.wait()
             while self._later:
-                self._later.pop(0)(False)
+                for work in [step(True) for step in self._later.pop(0)]:
+                    work.wait()
             self._finish()
         return self._result
 
@@ -223,8 +174,9 @@ class HierarchicalCommunicator:
 
     Attributes: ``rank``, ``size``, ``backend``, ``device``, ``stream``, ``mpi_comm`` as
     the parent's; ``local_rank`` and ``local_size`` within the node (emulated ones
-    included), ``node`` and ``nodes`` (this rank's node and how many); ``intra`` and
-    ``inter``, the communicators of the node and of the ranks sharing this local rank.
+    included), ``node`` and ``nodes`` (this rank's node and how many); ``intra``, the
+    communicator of the node, and ``inter``, that of the ranks that carry this rank's local
+    rank's part on every node (on equal nodes: the ranks of this local rank).
 
     Example:
         >>> hcomm = col.hierarchical(comm)
@@ -236,30 +188,43 @@ class HierarchicalCommunicator:
         self,
         parent: Communicator,
         intra: Communicator,
-        inter: Communicator,
-        nodes: list[list[int]],
+        carriers: list[Communicator],
+        layout: NodeLayout,
     ):
         self.parent = parent
         self.intra = intra
-        self.inter = inter
+        self.inter = carriers[0]
         self.rank, self.size = parent.rank, parent.size
         self.backend, self.device, self.stream = parent.backend, parent.device, parent.stream
         self.mpi_comm, self.timeout = parent.mpi_comm, parent.timeout
         self.local_rank, self.local_size = intra.rank, intra.size
-        self.node, self.nodes = inter.rank, inter.size
+        self.node, self.nodes = layout.node, len(layout.nodes)
+        self.layout = layout
+        self._carriers = carriers  # row j: the communicator of slot local_rank + j * local_size
         # A sub-communicator counts only its own ranks on the node; when the parent's ranks
         # outnumber the cores, a waiting rank of either must yield its core early too.
-        for sub in (intra, inter):
+        for sub in (intra, *carriers):
             sub.yield_after = min(sub.yield_after, parent.yield_after)
-        order = block_order(nodes)
-        self._order = None if order == list(range(self.size)) else np.array(order)
+        # Index arrays of the arrangements (None where no reordering is needed).
+        slots = layout.slot_rows()
+        self._slot_rows = None if slots == list(range(layout.widest)) else np.array(slots)
+        self._slot_positions = np.array(layout.slot_positions())
+        blocks = layout.block_rows()
+        self._block_rows = None if blocks == list(range(self.size)) else np.array(blocks)
+        # The rows that hold a rank's block, and whose block (where some rows are unused).
+        used = [i for i, rank in enumerate(blocks) if rank < self.size]
+        self._used_rows = np.array(used)
+        self._unused_rows = len(used) < len(blocks)
+        self._used_ranks = np.array([blocks[i] for i in used])
+        self._indexes: dict[Any, dict[str, Any]] = {}
         self._grouped = False
         self._closed = False
 
     def __repr__(self) -> str:
+        sizes = sorted({len(ranks) for ranks in self.layout.nodes}, reverse=True)
         return (
-            f"HierarchicalCommunicator({self.nodes} nodes x {self.local_size} ranks, "
-            f"rank {self.rank} of {self.size}, over {self.parent!r})"
+            f"HierarchicalCommunicator({self.nodes} nodes of {' or '.join(map(str, sizes))} "
+            f"ranks, rank {self.rank} of {self.size}, over {self.parent!r})"
         )
 
     # ------------------------------------------------------------ the hierarchical verbs
@@ -268,43 +233,56 @@ class HierarchicalCommunicator:
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
     ) -> Any:
         """As ``Communicator.all_reduce``: reduce-scatter in the node, all-reduce across
-        nodes, all-gather in the node. A count that ``local_size`` does not divide is padded.
-        """
+        nodes, all-gather in the node. A count that the largest node's size does not divide
+        is padded."""
         call, parent = "all_reduce", self.parent
         x, name = unwrap(x, call)
         op = parent._op(call, op, name)
         out = x if out is None else parent._out(call, out, x, name, x.shape)
         self._check(call, x, out)
         first, second, after = self._ops(op, name, out)
-        n, parts = x.size, self.local_size
-        chunk = -(-n // parts)
-        if chunk * parts == n:
-            src = x.reshape(parts, chunk)
-            dst = src if out is x else out.reshape(parts, chunk)
-        else:  # pad to local_size equal parts; the padding is reduced too, then dropped
-            padded = parent._new(x, (parts * chunk,))
-            padded[n:] = 0
-            padded[:n] = x.reshape(-1)
-            src = dst = padded.reshape(parts, chunk)
-            after.insert(0, lambda: _copy(out.reshape(-1), padded[:n]))
-        mine = dst[self.local_rank]
+        n, slots, rows = x.size, self.layout.widest, self.layout.slots_per_rank
+        chunk = -(-n // slots)
+        if self._slot_rows is None and chunk * slots == n:  # the slots are x's parts, in order
+            src = x.reshape(self.local_size, rows * chunk)
+            dst = src if out is x else out.reshape(self.local_size, rows * chunk)
+        else:  # padded to equal slots, plus a zero row for the unused rows of a smaller node
+            padded = parent._new(x, (slots + 1, chunk))
+            flat = padded.reshape(-1)
+            flat[n:] = 0
+            flat[:n] = x.reshape(-1)
+            if self._slot_rows is None:
+                arranged = padded[:slots]
+            else:  # a smaller node: the slots of each of its ranks side by side
+                arranged = self._take(padded, "_slot_rows")
+            src = dst = arranged.reshape(self.local_size, rows * chunk)
+
+            def copy_back() -> None:
+                by_slot = arranged if self._slot_rows is None else self._take(
+                    arranged, "_slot_positions")  # fmt: skip
+                out.reshape(-1)[...] = by_slot.reshape(-1)[:n]
+
+            after.insert(0, copy_back)
+        mine = dst[self.local_rank].reshape(rows, chunk)
         w = _wrapper(name)
-        return self._start(
-            [
-                lambda a: self.intra.reduce_scatter(w(src), first, out=w(mine), async_op=a),
-                lambda a: self.inter.all_reduce(w(mine), second, async_op=a),
-                lambda a: self.intra.all_gather(w(mine), out=w(dst), async_op=a),
-            ],
-            after,
-            out,
-            async_op,
-        )
+
+        def inside(a: bool) -> Any:
+            return self.intra.reduce_scatter(w(src), first, out=w(mine.reshape(-1)), async_op=a)
+
+        def across(j: int, carriers: Communicator, a: bool) -> Any:
+            return carriers.all_reduce(w(mine[j]), second, async_op=a)
+
+        def back(a: bool) -> Any:
+            return self.intra.all_gather(w(mine.reshape(-1)), out=w(dst), async_op=a)
+
+        return self._start([[inside], self._each_carrier(across), [back]], after, out, async_op)
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
     ) -> Any:
         """As ``Communicator.reduce_scatter``: reduce-scatter in the node (each local rank
-        gets the node's sum of the blocks of its peers on every node), then across nodes."""
+        gets the node's sum of the blocks of the ranks whose slot it carries, on every node),
+        then across nodes."""
         call, parent = "reduce_scatter", self.parent
         x, name = unwrap(x, call)
         parent._leading(call, x)
@@ -316,61 +294,74 @@ class HierarchicalCommunicator:
             out = parent._slot_out(call, out, x, name, shape, out_is_part=True)
         self._check(call, x, out)
         first, second, after = self._ops(op, name, out)
-        block = math.prod(shape)
+        block, rows, nodes = math.prod(shape), self.layout.slots_per_rank, self.nodes
         blocks = x.reshape(self.size, block)
-        if self._order is not None:
-            blocks = array_module(x).take(blocks, self._index(x), axis=0)
-        ordered = blocks.reshape(self.local_size, self.nodes * block)
-        partial = parent._new(x, (self.nodes * block,))
+        if self._block_rows is not None:
+            if self._unused_rows:  # which read a zero block
+                spare = parent._new(x, (self.size + 1, block))
+                spare[: self.size] = blocks
+                spare[self.size] = 0
+                blocks = spare
+            blocks = self._take(blocks, "_block_rows")
+        arranged = blocks.reshape(self.local_size, rows * nodes * block)
+        partial = parent._new(x, (rows, nodes, block))
+        # row 0 is this rank's own slot, whose block is the result; other rows' are not
+        unused = parent._new(x, (block,)) if len(self._carriers) > 1 else None
         w = _wrapper(name)
-        return self._start(
-            [
-                lambda a: self.intra.reduce_scatter(w(ordered), first, out=w(partial), async_op=a),
-                lambda a: self.inter.reduce_scatter(
-                    w(partial.reshape(self.nodes, block)),
-                    second,
-                    out=w(out.reshape(block)),
-                    async_op=a,
-                ),
-            ],  # fmt: skip
-            after,
-            out,
-            async_op,
-        )
+
+        def inside(a: bool) -> Any:
+            return self.intra.reduce_scatter(
+                w(arranged), first, out=w(partial.reshape(-1)), async_op=a
+            )
+
+        def across(j: int, carriers: Communicator, a: bool) -> Any:
+            mine = out.reshape(block) if j == 0 else unused
+            return carriers.reduce_scatter(w(partial[j]), second, out=w(mine), async_op=a)
+
+        return self._start([[inside], self._each_carrier(across)], after, out, async_op)
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
-        """As ``Communicator.all_gather``: all-gather across nodes (the blocks of this local
-        rank on every node), then in the node."""
+        """As ``Communicator.all_gather``: all-gather across nodes (the blocks of the ranks
+        whose slot this rank carries, on every node), then in the node."""
         call, parent = "all_gather", self.parent
         x, name = unwrap(x, call)
         shape = (self.size, *x.shape)
         out = parent._new(x, shape) if out is None else parent._slot_out(call, out, x, name, shape)
         self._check(call, x, out)
-        block = x.size
-        across = parent._new(x, (self.nodes, block))
+        block, rows, nodes = x.size, self.layout.slots_per_rank, self.nodes
+        gathered_across = parent._new(x, (rows, nodes, block))
+        nothing = None  # what this rank sends for the slots it carries for missing ranks
+        if len(self._carriers) > 1:
+            nothing = parent._new(x, (block,))
+            nothing[...] = 0
         after: list[Callable[[], None]] = []
-        if self._order is None:
-            gathered = out.reshape(self.local_size, self.nodes * block)
+        if self._block_rows is None:
+            gathered = out.reshape(self.local_size, rows * nodes * block)
         else:
-            gathered = parent._new(x, (self.local_size, self.nodes * block))
-            index = self._index(x)
+            gathered = parent._new(x, (self.local_size, rows * nodes * block))
 
             def place() -> None:
-                out.reshape(self.size, block)[index] = gathered.reshape(self.size, block)
+                by_row = gathered.reshape(-1, block)
+                if self._unused_rows:
+                    by_row = self._take(by_row, "_used_rows")
+                    into = self._index(x, "_used_ranks")
+                else:
+                    into = self._index(x, "_block_rows")
+                out.reshape(self.size, block)[into] = by_row
 
             after.append(place)
         w = _wrapper(name)
-        return self._start(
-            [
-                lambda a: self.inter.all_gather(w(x.reshape(block)), out=w(across), async_op=a),
-                lambda a: self.intra.all_gather(
-                    w(across.reshape(self.nodes * block)), out=w(gathered), async_op=a
-                ),
-            ],
-            after,
-            out,
-            async_op,
-        )
+
+        def across(j: int, carriers: Communicator, a: bool) -> Any:
+            mine = x.reshape(block) if j == 0 else nothing
+            return carriers.all_gather(w(mine), out=w(gathered_across[j]), async_op=a)
+
+        def inside(a: bool) -> Any:
+            return self.intra.all_gather(
+                w(gathered_across.reshape(-1)), out=w(gathered), async_op=a
+            )
+
+        return self._start([self._each_carrier(across), [inside]], after, out, async_op)
 
     # ------------------------------------------------------------ passed through
 
@@ -423,11 +414,11 @@ class HierarchicalCommunicator:
         )
 
     def close(self) -> None:
-        """Close the two sub-communicators (not the parent). Idempotent."""
+        """Close the sub-communicators (not the parent). Idempotent."""
         if not self._closed:
             self._closed = True
-            self.inter.close()
-            self.intra.close()
+            for sub in (*self._carriers, self.intra):
+                sub.close()
 
     @property
     def closed(self) -> bool:
@@ -461,27 +452,42 @@ class HierarchicalCommunicator:
             raise invalid(call, f"{what} is read-only, and {call} writes its result there")
 
     def _ops(self, op: ReduceOp, name: str, out: Any) -> tuple[ReduceOp, ReduceOp, list]:
-        """The op of each step, and what follows the last: integer avg sums and divides once
-        (truncating as the flat call does); floating avg averages in each step, which on
-        equal nodes is the mean over all ranks and cannot overflow where the sum could."""
-        if op is ReduceOp.AVG and name not in FLOATING:
-            size = self.size
-            return ReduceOp.SUM, ReduceOp.SUM, [lambda: divide_in_place(out, size)]
-        return op, op, []
+        """The op of each step, and what follows the last. Floating avg on equal nodes
+        averages in each step: the mean of the node means, which cannot overflow where the
+        sum could. Integer avg, and any avg on unequal nodes, sums and divides once
+        (integers truncating as the flat call does)."""
+        if op is not ReduceOp.AVG or (name in FLOATING and self.layout.even):
+            return op, op, []
+        size = self.size
+        return ReduceOp.SUM, ReduceOp.SUM, [lambda: _divide(out, name, size)]
 
-    def _index(self, like: Any) -> Any:
-        """The block order as an index array of ``like``'s module (on its device)."""
+    def _index(self, like: Any, which: str) -> Any:
+        """The index array ``which`` in ``like``'s module (made once per device)."""
         xp = array_module(like)
         if xp is np:
-            return self._order
-        with like.device:
-            return xp.asarray(self._order)
+            return getattr(self, which)
+        cached = self._indexes.setdefault(like.device.id, {})
+        if which not in cached:
+            with like.device:
+                cached[which] = xp.asarray(getattr(self, which))
+        return cached[which]
 
-    def _start(self, steps: list[Step], after: list, result: Any, async_op: bool) -> Any:
+    def _take(self, a: Any, which: str) -> Any:
+        """The rows of ``a`` that the index array ``which`` lists, as a new array."""
+        return array_module(a).take(a, self._index(a, which), axis=0)
+
+    def _each_carrier(self, step: Callable[[int, Communicator, bool], Any]) -> list[Step]:
+        """``step`` once per slot this rank carries, in slot order (the same on every rank)."""
+        return [functools.partial(step, j, c) for j, c in enumerate(self._carriers)]
+
+    def _start(self, phases: list[list[Step]], after: list, result: Any, async_op: bool) -> Any:
+        """Issue the phases of a call (see :class:`HierarchicalWork`). Every communicator
+        has its step of a call in the same phase on each of its ranks, so its calls are
+        issued in the same order everywhere."""
         if self.backend == "nccl":  # one stream per device orders the steps: issue all now
-            works, later = [step(True) for step in steps], []
-        else:  # a step reads the previous one's result: only the first can be in flight
-            works, later = [steps[0](True)], steps[1:]
+            works, later = [step(True) for phase in phases for step in phase], []
+        else:  # a phase reads the previous one's result: only the first can be in flight
+            works, later = [step(True) for step in phases[0]], phases[1:]
         work = HierarchicalWork(works, later, after, result)
         return work if async_op else work.wait()
 
@@ -495,8 +501,14 @@ def _same(a: Any) -> Any:
     return a
 
 
-def _copy(out: Any, values: Any) -> None:
-    out[...] = values
+def _divide(out: Any, name: str, size: int) -> None:
+    """avg's one division, of bfloat16 bits too."""
+    if name == "bfloat16":
+        values = bfloat16_to_float32(out)
+        values /= size
+        float32_to_bfloat16(values, out)
+    else:
+        divide_in_place(out, size)
 
 
 def _nccl_group_open(backend: str) -> bool:

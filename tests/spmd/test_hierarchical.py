@@ -1,13 +1,11 @@
 """``col.hierarchical``: every result equals the flat collective's, on the backend under test.
 
-At 4 ranks the nodes are 2 x 2 (``COLLECTIVES_RANKS_PER_NODE=2``), so counts that 2 does not
-divide are padded and blocks are reordered; at 3 ranks they are 3 x 1, and 2 ranks per node
-is refused (uneven nodes).
+Nodes of 2 ranks (``COLLECTIVES_RANKS_PER_NODE=2``): at 4 ranks 2 x 2, so counts that 2 does
+not divide are padded and blocks are reordered; at 3 ranks a node of 2 and a node of 1, whose
+rank carries both slots across nodes.
 """
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pytest
@@ -29,13 +27,9 @@ def host(a) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def ranks_per_node(size: int) -> int:
-    return 2 if size % 2 == 0 else 1
-
-
 @pytest.fixture
 def hcomm(comm, monkeypatch):
-    monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", str(ranks_per_node(comm.size)))
+    monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", "2")
     view = col.hierarchical(comm)
     yield view
     view.close()
@@ -55,10 +49,12 @@ def data(xp, dtype: str, shape, rank: int, seed: int = 0):
 
 
 def test_nodes_follow_ranks_per_node(hcomm):
-    k = ranks_per_node(hcomm.size)
-    assert (hcomm.local_size, hcomm.nodes) == (k, hcomm.size // k)
-    assert (hcomm.node, hcomm.local_rank) == divmod(hcomm.rank, k)
-    assert hcomm.intra.size == k and hcomm.inter.size == hcomm.size // k
+    node, local = divmod(hcomm.rank, 2)
+    assert (hcomm.node, hcomm.local_rank, hcomm.nodes) == (node, local, (hcomm.size + 1) // 2)
+    assert hcomm.local_size == hcomm.intra.size == min(2, hcomm.size - 2 * node)
+    assert hcomm.inter.size == hcomm.nodes  # the carriers of this rank's slot, one per node
+    # the rank alone on its node carries both slots
+    assert hcomm.layout.served == ([0, 1] if hcomm.local_size == 1 else [local])
     assert "over" in repr(hcomm) and "in steps" in hcomm.call_path
 
 
@@ -188,20 +184,30 @@ def test_ddp_through_the_view_equals_flat(comm, hcomm, xp):
         np.testing.assert_allclose(results[1][name], results[0][name], rtol=1e-12, atol=1e-12)
 
 
-def test_uneven_nodes_are_refused_on_every_rank(comm, monkeypatch):
-    if comm.size % 2 == 0:
-        pytest.skip("2 ranks per node divide an even world")
-    monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", "2")
-    sizes = [2] * (comm.size // 2) + [1]
-    expected = re.escape(f"node sizes {sizes} (COLLECTIVES_RANKS_PER_NODE=2, {comm.size} ranks)")
-    with pytest.raises(InvalidArgumentError, match=expected):
-        col.hierarchical(comm)
+def test_bad_ranks_per_node_is_refused_before_communicating(comm, monkeypatch):
     with pytest.raises(InvalidArgumentError, match="ranks_per_node must be a positive int"):
         col.hierarchical(comm, ranks_per_node=0)
     monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", "two")
     with pytest.raises(InvalidArgumentError, match="COLLECTIVES_RANKS_PER_NODE must be"):
         col.hierarchical(comm)
+    with pytest.raises(InvalidArgumentError, match="comm must be a Communicator"):
+        col.hierarchical(object())
     comm.barrier()  # nothing was communicated: the communicator is usable and in step
+
+
+def test_a_node_of_one_and_one_of_three(comm, xp):
+    if comm.size != 4:
+        pytest.skip("nodes of 3 and 1 need 4 ranks")
+    with col.hierarchical(comm, ranks_per_node=3) as view:
+        assert view.layout.served == ([0, 1, 2] if comm.rank == 3 else [comm.rank])
+        for dtype, op in (("int32", "avg"), ("float64", "max"), ("int8", "sum")):
+            x = data(xp, dtype, (7,), comm.rank)
+            want = host(comm.all_reduce(x.copy(), op))
+            np.testing.assert_array_equal(host(view.all_reduce(x.copy(), op)), want, dtype)
+            y = data(xp, dtype, (comm.size, 3), comm.rank)
+            want = host(comm.reduce_scatter(y, op))
+            np.testing.assert_array_equal(host(view.reduce_scatter(y, op)), want, dtype)
+            np.testing.assert_array_equal(host(view.all_gather(x)), host(comm.all_gather(x)))
 
 
 def test_nodes_from_the_shared_memory_split(comm, xp, monkeypatch):
