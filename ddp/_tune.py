@@ -8,6 +8,7 @@ every rank builds the same buckets.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -121,7 +122,8 @@ def tune_bucket_cap(
         for i in order:
             times[i].append(_timed(comm, buffers[i]))
     local = tuple(statistics.median(t) for t in times)
-    chosen = xp.asarray(np.array([float(np.argmin(local)), *local]))
+    with _on_device(xp, comm):
+        chosen = xp.asarray(np.array([float(np.argmin(local)), *local]))
     comm.broadcast(chosen, root=0)
     decided = chosen if xp is np else chosen.get()
     index = int(decided[0])
@@ -158,11 +160,8 @@ def _layout_buffers(
     numel: dict[np.dtype, int] = {}
     for p in described.values():
         numel[p.dtype] = numel.get(p.dtype, 0) + math.prod(p.shape)
-    if xp is np or getattr(comm, "device", None) is None:
+    with _on_device(xp, comm):
         flat = {dtype: xp.zeros(n, dtype) for dtype, n in numel.items()}
-    else:
-        with xp.cuda.Device(comm.device):
-            flat = {dtype: xp.zeros(n, dtype) for dtype, n in numel.items()}
     result = []
     for layout in layouts:
         offset = dict.fromkeys(numel, 0)
@@ -173,6 +172,13 @@ def _layout_buffers(
             views.append(SimpleNamespace(buffer=flat[spec.dtype][start : start + spec.numel]))
         result.append(views)
     return result
+
+
+def _on_device(xp: Any, comm: Any) -> Any:
+    """Where new arrays go: the communicator's GPU (CuPy), or nowhere in particular."""
+    if xp is np or getattr(comm, "device", None) is None:
+        return contextlib.nullcontext()
+    return xp.cuda.Device(comm.device)
 
 
 def _reduce(comm: Any, buckets: list[Any]) -> None:
