@@ -242,8 +242,8 @@ def _preamble(comm: Any, args: argparse.Namespace, mpi: Any) -> str:
     step = (
         f"{args.stepfactor or 2}(factor)" if args.stepbytes is None else f"{args.stepbytes}(bytes)"
     )
-    nodes = getattr(comm, "nodes", None)  # a hierarchical view
-    how = "" if nodes is None else f", hierarchical over {nodes} nodes x {comm.local_size} ranks"
+    nodes = getattr(comm, "described", None)  # a hierarchical view: its nodes in words
+    how = "" if nodes is None else f", hierarchical over {nodes}"
     lines = [
         f"# collectives benchmark: {args.op}, backend {comm.backend}, {comm.size} ranks{how}",
         f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {step} "

@@ -61,7 +61,7 @@ def hierarchical(
 
     Example:
         >>> comm = col.init()                      # COLLECTIVES_RANKS_PER_NODE=2 mpiexec -n 4 ...
-        >>> hcomm = col.hierarchical(comm)         # 2 nodes x 2 ranks
+        >>> hcomm = col.hierarchical(comm)         # 2 nodes of 2 ranks
         >>> hcomm.all_reduce(grad, op="avg")       # as comm.all_reduce(grad, op="avg")
         >>> ddp = DistributedDataParallel(params, comm=hcomm)
         >>> hcomm.close()
@@ -221,11 +221,16 @@ class HierarchicalCommunicator:
         self._closed = False
 
     def __repr__(self) -> str:
-        sizes = sorted({len(ranks) for ranks in self.layout.nodes}, reverse=True)
         return (
-            f"HierarchicalCommunicator({self.nodes} nodes of {' or '.join(map(str, sizes))} "
-            f"ranks, rank {self.rank} of {self.size}, over {self.parent!r})"
+            f"HierarchicalCommunicator({self.described}, rank {self.rank} of {self.size}, "
+            f"over {self.parent!r})"
         )
+
+    @property
+    def described(self) -> str:
+        """The nodes in words: ``"2 nodes of 2 ranks"``, ``"2 nodes of 2 or 1 ranks"``."""
+        sizes = sorted({len(ranks) for ranks in self.layout.nodes}, reverse=True)
+        return f"{self.nodes} nodes of {' or '.join(map(str, sizes))} ranks"
 
     # ------------------------------------------------------------ the hierarchical verbs
 
@@ -409,8 +414,8 @@ class HierarchicalCommunicator:
     @property
     def call_path(self) -> str:
         return (
-            f"all_reduce, reduce_scatter and all_gather in steps over {self.nodes} nodes x "
-            f"{self.local_size} ranks; other calls: {self.parent.call_path}"
+            f"all_reduce, reduce_scatter and all_gather in steps over {self.described}; "
+            f"other calls: {self.parent.call_path}"
         )
 
     def close(self) -> None:

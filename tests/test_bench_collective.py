@@ -103,7 +103,7 @@ def test_hierarchical_algorithm_on_2_nodes_of_2_ranks(tmp_path):
     )
     proc = _launch(4, ["-c", driver, str(tmp_path), "int32", "sum", *ops], tmp_path,
                    env={"COLLECTIVES_RANKS_PER_NODE": "2"})  # fmt: skip
-    assert proc.stdout.count("4 ranks, hierarchical over 2 nodes x 2 ranks") == len(ops)
+    assert proc.stdout.count("4 ranks, hierarchical over 2 nodes of 2 ranks") == len(ops)
     for op in ops:
         report = _check_report(tmp_path / f"{op}.json", op, 4, "int32", [96, 384, 1536])
         assert report["summary"]["baseline"] == "flat" and report["summary"]["baseline_wrong"] == 0

@@ -55,7 +55,8 @@ def test_nodes_follow_ranks_per_node(hcomm):
     assert hcomm.inter.size == hcomm.nodes  # the carriers of this rank's slot, one per node
     # the rank alone on its node carries both slots
     assert hcomm.layout.served == ([0, 1] if hcomm.local_size == 1 else [local])
-    assert "over" in repr(hcomm) and "in steps" in hcomm.call_path
+    nodes = "2 nodes of 2 ranks" if hcomm.size == 4 else "2 nodes of 2 or 1 ranks"
+    assert hcomm.described == nodes and nodes in repr(hcomm) and nodes in hcomm.call_path
 
 
 def test_all_reduce_equals_flat_for_every_dtype_and_op(comm, hcomm, xp):
