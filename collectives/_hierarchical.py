@@ -138,8 +138,12 @@ class HierarchicalWork:
             for work in self._works:
                 work.wait()
             while self._later:
-                for work in [step(True) for step in self._later.pop(0)]:
-                    work.wait()
+                phase = self._later.pop(0)
+                if len(phase) == 1:  # synchronous: the direct path where it applies
+                    phase[0](False)
+                else:
+                    for work in [step(True) for step in phase]:
+                        work.wait()
             self._finish()
         return self._result
 
@@ -491,8 +495,10 @@ class HierarchicalCommunicator:
         issued in the same order everywhere."""
         if self.backend == "nccl":  # one stream per device orders the steps: issue all now
             works, later = [step(True) for phase in phases for step in phase], []
-        else:  # a phase reads the previous one's result: only the first can be in flight
+        elif async_op:  # a phase reads the previous one's result: only the first can be in flight
             works, later = [step(True) for step in phases[0]], phases[1:]
+        else:
+            works, later = [], phases
         work = HierarchicalWork(works, later, after, result)
         return work if async_op else work.wait()
 
