@@ -224,12 +224,6 @@ class HierarchicalCommunicator:
         self._grouped = False
         self._closed = False
 
-    def __repr__(self) -> str:
-        return (
-            f"HierarchicalCommunicator({self.described}, rank {self.rank} of {self.size}, "
-            f"over {self.parent!r})"
-        )
-
     @property
     def described(self) -> str:
         """The nodes in words: ``"2 nodes of 2 ranks"``, ``"2 nodes of 2 or 1 ranks"``."""
@@ -432,6 +426,10 @@ class HierarchicalCommunicator:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def __repr__(self) -> str:
+        where = f"rank {self.rank} of {self.size}, over {self.parent!r}"
+        return f"HierarchicalCommunicator({self.described}, {where})"
 
     def __enter__(self) -> HierarchicalCommunicator:
         return self
