@@ -62,7 +62,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check (1)")
     p.add_argument("-r", "--root", type=int, default=0, help="root of rooted ops (0)")
     p.add_argument("--backend", default="auto", choices=("auto", "mpi", "nccl"))
-    p.add_argument("--baseline", default=None, choices=BASELINES, help="raw library to compare")
+    p.add_argument(
+        "--algorithm", default="flat", choices=("flat", "hierarchical"),
+        help="hierarchical: all_reduce, reduce_scatter, all_gather through col.hierarchical "
+        "(nodes: the shared-memory split, or COLLECTIVES_RANKS_PER_NODE)",
+    )  # fmt: skip
+    p.add_argument(
+        "--baseline", default=None, choices=(*BASELINES, "flat"),
+        help="raw library to compare (flat: this library's flat calls, for --algorithm)",
+    )  # fmt: skip
     p.add_argument(
         "-R", "--rounds", type=int, default=None,
         help="timed blocks per size and form (1; 5 with --baseline)",
@@ -234,8 +242,10 @@ def _preamble(comm: Any, args: argparse.Namespace, mpi: Any) -> str:
     step = (
         f"{args.stepfactor or 2}(factor)" if args.stepbytes is None else f"{args.stepbytes}(bytes)"
     )
+    nodes = getattr(comm, "described", None)  # a hierarchical view: its nodes in words
+    how = "" if nodes is None else f", hierarchical over {nodes}"
     lines = [
-        f"# collectives benchmark: {args.op}, backend {comm.backend}, {comm.size} ranks",
+        f"# collectives benchmark: {args.op}, backend {comm.backend}, {comm.size} ranks{how}",
         f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {step} "
         f"warmup iters: {args.warmup_iters} iters: {args.iters} rounds: {args.rounds} "
         f"({args.stat}) validation: {args.check}"
@@ -259,11 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import collectives as col
 
-    comm = col.init(backend=args.backend)
+    world = col.init(backend=args.backend)
     baseline = None
+    comm: Any = world
     try:
+        if args.algorithm == "hierarchical":
+            comm = col.hierarchical(world)
         xp = np if comm.backend == "mpi" else _cupy()
-        if args.baseline:
+        if args.baseline == "flat":
+            baseline = Ours(world)
+            baseline.name = "flat"
+        elif args.baseline:
             baseline = make_baseline(args.baseline, comm.mpi_comm, xp)
         lead = comm.rank == 0
         meta = _report.metadata(comm, args, argv)
@@ -279,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if baseline is not None:
             baseline.close()
-        comm.close()
+        if comm is not world:
+            comm.close()
+        world.close()
 
 
 def _quiet(line: str) -> None:

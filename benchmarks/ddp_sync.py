@@ -16,12 +16,14 @@ time of a call is the slowest rank's; the table shows the median over rounds and
 to ``flat``. ``--json PATH`` writes the rows, ``--plot PATH`` draws the ratios.
 
 Options: --layers 6 --d-model 512 --vocab 8192 --seq 512 --caps 1,5,25,100 --rounds 7
---backend auto --dtype float32
+--backend auto --dtype float32; ``--tune`` first runs ``ddp.tune_bucket_cap`` (its report is
+printed) and then times its choice against the default 25 MiB instead of ``--caps``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import platform
@@ -34,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 import collectives as col
-from ddp import DistributedDataParallel
+from ddp import DistributedDataParallel, tune_bucket_cap
 from ddp._scalars import reduce_scalars
 
 from ._report import library_versions
@@ -179,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--plot", dest="plot_path")
+    parser.add_argument(
+        "--tune", action="store_true",
+        help="choose the cap with ddp.tune_bucket_cap, then time it against the default 25",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     with col.init(backend=args.backend) as comm:
@@ -205,8 +211,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"# {numel / 1e6:.1f}M parameters in {len(shapes)} tensors "
                 f"({meta['params_mb']:.1f} MiB {dtype.name}), {comm.size} ranks, {comm.backend}"
             )
+        caps = [float(c) for c in args.caps.split(",")]
+        if args.tune:
+            tuning = tune_bucket_cap(comm, {k: (s, dtype) for k, s in shapes.items()})
+            meta["tuning"] = dataclasses.asdict(tuning)
+            caps = sorted({25.0, tuning.cap_mb})
+            if comm.rank == 0:
+                print(tuning)
         rows = []
-        for cap in (float(c) for c in args.caps.split(",")):
+        for cap in caps:
             row = bench_cap(comm, xp, shapes, dtype, cap, args)
             rows.append(row)
             if comm.rank == 0:

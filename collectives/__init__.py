@@ -29,6 +29,7 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
+from ._hierarchical import HierarchicalCommunicator, hierarchical
 from ._init import BackendFallbackWarning, init
 from ._mesh import DeviceMesh
 from ._numerics import bfloat16_to_float32, float32_to_bfloat16
@@ -49,6 +50,7 @@ __all__ = [
     "CommunicatorStateError",
     "DTYPES",
     "DeviceMesh",
+    "HierarchicalCommunicator",
     "InvalidArgumentError",
     "ReduceOp",
     "Work",
@@ -56,6 +58,7 @@ __all__ = [
     "as_bfloat16",
     "bfloat16_to_float32",
     "float32_to_bfloat16",
+    "hierarchical",
     "init",
     "to_array",
 ]

@@ -365,7 +365,7 @@ class Communicator:
         impl, extra = self._impl.split(child, color, key)
         if child == MPI.COMM_NULL:
             return None
-        return Communicator(
+        sub = Communicator(
             impl,
             child,
             backend=self.backend,
@@ -373,6 +373,10 @@ class Communicator:
             check=self._books.checker is not None,
             **extra,
         )
+        # A part counts only its own ranks on the node; when the parent's ranks outnumber the
+        # cores, a waiting rank of the part must yield its core as early as the parent's.
+        sub._books.yield_after = min(sub._books.yield_after, self._books.yield_after)
+        return sub
 
     def close(self) -> None:
         """Free the communicator, once the calls in flight have finished (waiting at most the

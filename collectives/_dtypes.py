@@ -52,6 +52,7 @@ NCCL_TYPE = {
 NCCL_OP = {op: int(op) for op in ReduceOp}
 
 COMPLEX = frozenset({"complex64", "complex128"})
+FLOATING = frozenset({"float16", "float32", "float64", "bfloat16"}) | COMPLEX
 
 NAME_OF = {dt: name for name, dt in STORAGE.items() if name != "bfloat16"}
 

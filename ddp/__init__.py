@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import hooks, tensor_parallel
 from ._buckets import Bucket, BucketSpec, assign_buckets
 from ._ddp import BucketStats, DDPStats, DistributedDataParallel
+from ._tune import BucketCapTuning, tune_bucket_cap
 from .clip import clip_grad_norm
 from .load_balance import LoadBalancer
 from .local_sgd import LocalSGD
@@ -21,6 +22,7 @@ from .zero import ZeroOptimizer
 __all__ = [
     "AdamW",
     "Bucket",
+    "BucketCapTuning",
     "BucketSpec",
     "BucketStats",
     "DDPStats",
@@ -34,4 +36,5 @@ __all__ = [
     "clip_grad_norm",
     "hooks",
     "tensor_parallel",
+    "tune_bucket_cap",
 ]

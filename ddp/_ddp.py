@@ -109,13 +109,44 @@ class _Clock:
         return stamp - self._origin
 
 
+def check_params_agree(comm: Any, params: Mapping[str, Any], call: str) -> None:
+    """Every rank must hold the same names, shapes and dtypes, in the same order."""
+    mine = [(name, tuple(p.shape), p.dtype.str) for name, p in params.items()]
+    fingerprint = float(zlib.crc32(repr(mine).encode()))
+    high, low = reduce_scalars(comm, [fingerprint, -fingerprint], "max")
+    if high == fingerprint and -low == fingerprint:
+        return
+    # metadata only (never arrays): pickling mpi4py calls are fine here
+    every = comm.mpi_comm.allgather(mine)
+    for i in range(max(len(e) for e in every)):
+        column = [e[i] if i < len(e) else None for e in every]
+        if len(set(column)) > 1:
+            break
+    groups: dict[Any, list[int]] = {}
+    for rank, entry in enumerate(column):
+        groups.setdefault(entry, []).append(rank)
+    parts = []
+    for entry, ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        if entry is None:
+            parts.append(f"{who}: no parameter")
+        else:
+            name, shape, dtype = entry
+            parts.append(f"{who}: {name!r} shape {shape} dtype {np.dtype(dtype)}")
+    raise CollectiveMismatchError(
+        f"{call}: params differ across ranks at parameter {i}: " + "; ".join(parts)
+    )
+
+
 class DistributedDataParallel:
     """Data-parallel gradient reduction over bucketed flat buffers.
 
     Args:
         params: name -> array, in model order (NumPy or CuPy, all alike).
         comm: the data-parallel communicator.
-        bucket_cap_mb: cap of every bucket but the first of each dtype, in MiB.
+        bucket_cap_mb: cap of every bucket but the first of each dtype, in MiB, or
+            ``"auto"``: the fastest of :func:`ddp.tune_bucket_cap`'s default candidates,
+            timed here on every rank (rank 0's choice; ``ddp.tuning`` says what it measured).
         first_bucket_cap_mb: cap of the first bucket of each dtype (starts communication early).
         broadcast_from: rank whose parameters every rank starts from (None: skip).
         hook: ``hook(comm, bucket) -> work`` leaving the mean in ``bucket.buffer``
@@ -138,7 +169,7 @@ class DistributedDataParallel:
         params: Mapping[str, Any],
         comm: Any,
         *,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float | str = 25.0,
         first_bucket_cap_mb: float = 1.0,
         broadcast_from: int | None = 0,
         hook: Callable[[Any, Bucket], Any] | None = None,
@@ -159,8 +190,25 @@ class DistributedDataParallel:
                 f"{_CALL}: broadcast_from must be None or in [0, {comm.size}), got {broadcast_from}"
             )
         self.hook = _hooks.allreduce if hook is None else hook
-        specs = assign_buckets(self.params, bucket_cap_mb, first_bucket_cap_mb)
+        auto = isinstance(bucket_cap_mb, str)
+        if auto and bucket_cap_mb != "auto":
+            raise InvalidArgumentError(
+                f"{_CALL}: bucket_cap_mb must be a number of MiB or 'auto', got {bucket_cap_mb!r}"
+            )
+        specs = assign_buckets(
+            self.params, 25.0 if auto else float(bucket_cap_mb), first_bucket_cap_mb
+        )
         self._check_across_ranks()
+        #: what ``bucket_cap_mb="auto"`` measured (a ``BucketCapTuning``), else None
+        self.tuning: Any = None
+        if auto:
+            from ._tune import tune_bucket_cap
+
+            self.tuning = tune_bucket_cap(
+                comm, self.params, first_bucket_cap_mb=first_bucket_cap_mb, check=False
+            )
+            specs = assign_buckets(self.params, self.tuning.cap_mb, first_bucket_cap_mb)
+        self.bucket_cap_mb: float = self.tuning.cap_mb if auto else float(bucket_cap_mb)
 
         with self._on_device():
             self.buckets: list[Bucket] = make_buckets(specs, self._xp)
@@ -213,32 +261,7 @@ class DistributedDataParallel:
         return self._xp.cuda.Device(self.comm.device)
 
     def _check_across_ranks(self) -> None:
-        """Every rank must hold the same names, shapes and dtypes, in the same order."""
-        mine = [(name, tuple(p.shape), p.dtype.str) for name, p in self.params.items()]
-        fingerprint = float(zlib.crc32(repr(mine).encode()))
-        high, low = reduce_scalars(self.comm, [fingerprint, -fingerprint], "max")
-        if high == fingerprint and -low == fingerprint:
-            return
-        # metadata only (never arrays): pickling mpi4py calls are fine here
-        every = self.comm.mpi_comm.allgather(mine)
-        for i in range(max(len(e) for e in every)):
-            column = [e[i] if i < len(e) else None for e in every]
-            if len(set(column)) > 1:
-                break
-        groups: dict[Any, list[int]] = {}
-        for rank, entry in enumerate(column):
-            groups.setdefault(entry, []).append(rank)
-        parts = []
-        for entry, ranks in groups.items():
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-            if entry is None:
-                parts.append(f"{who}: no parameter")
-            else:
-                name, shape, dtype = entry
-                parts.append(f"{who}: {name!r} shape {shape} dtype {np.dtype(dtype)}")
-        raise CollectiveMismatchError(
-            f"{_CALL}: params differ across ranks at parameter {i}: " + "; ".join(parts)
-        )
+        check_params_agree(self.comm, self.params, _CALL)
 
     def _broadcast_params(self, root: int) -> None:
         # pack into the (still zero) gradient buffers: one broadcast per bucket, not per tensor

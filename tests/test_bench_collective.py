@@ -34,11 +34,13 @@ def _factor(op: str, n: int) -> float:
     return (n - 1) / n if op in PER_RANK else 1.0
 
 
-def _launch(n: int, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+def _launch(
+    n: int, argv: list[str], tmp_path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run(
             [mpiexec(), "-n", str(n), sys.executable, *argv],
-            cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=TIMEOUT,
+            cwd=REPO, env=mpi_env(env), capture_output=True, text=True, timeout=TIMEOUT,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"benchmark hung on {n} ranks (killed after {TIMEOUT} s): {exc.output}")
@@ -92,6 +94,19 @@ def test_every_op(tmp_path, n, dtype, redop):
     _launch(n, ["-c", DRIVER, str(tmp_path), dtype, redop, *OPS], tmp_path)
     for op in OPS:
         _check_report(tmp_path / f"{op}.json", op, n, dtype, [96, 384, 1536], redop)
+
+
+def test_hierarchical_algorithm_on_2_nodes_of_2_ranks(tmp_path):
+    ops = ("all_reduce", "reduce_scatter", "all_gather")
+    driver = DRIVER.replace(
+        '"--json"', '"--algorithm", "hierarchical", "--baseline", "flat", "-R", "1", "--json"'
+    )
+    proc = _launch(4, ["-c", driver, str(tmp_path), "int32", "sum", *ops], tmp_path,
+                   env={"COLLECTIVES_RANKS_PER_NODE": "2"})  # fmt: skip
+    assert proc.stdout.count("4 ranks, hierarchical over 2 nodes of 2 ranks") == len(ops)
+    for op in ops:
+        report = _check_report(tmp_path / f"{op}.json", op, 4, "int32", [96, 384, 1536])
+        assert report["summary"]["baseline"] == "flat" and report["summary"]["baseline_wrong"] == 0
 
 
 def test_command_line_with_baseline_and_plot(tmp_path):

@@ -1,0 +1,538 @@
+"""``hierarchical(comm)``: all_reduce, reduce_scatter and all_gather in steps inside and
+across nodes (Horovod's hierarchical all-reduce), the other verbs passed through.
+
+all_reduce is three steps: a reduce-scatter inside the node (each of the node's L ranks
+gets 1/L of the reduction over the node), an all-reduce of that part across the nodes,
+among the ranks with the same local rank, and an all-gather inside the node. Only 1/L of
+the data crosses between nodes from each rank. reduce_scatter is the first two halves (a
+reduce-scatter inside the node, then one across nodes) and all_gather the last two (an
+all-gather across nodes, then one inside the node), so that across nodes each rank also
+moves only its share. Where nodes differ in size, the ranks of a smaller node carry the
+parts of the missing local ranks too (``_nodes``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ._arrays import array_module, as_bfloat16, is_device_array, unwrap
+from ._communicator import Communicator
+from ._dtypes import FLOATING
+from ._errors import CommunicatorStateError, InvalidArgumentError
+from ._mpi import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
+from ._nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
+from ._ops import ReduceOp
+
+_CALL = "hierarchical"
+
+#: a step of a call: (async_op) -> Work
+Step = Callable[[bool], Any]
+
+
+def hierarchical(
+    comm: Communicator, *, ranks_per_node: int | None = None
+) -> HierarchicalCommunicator:
+    """A view of ``comm`` whose all_reduce, reduce_scatter and all_gather run in steps inside
+    and across nodes; every other verb is ``comm``'s own.
+
+    Nodes are the shared-memory split of ``comm``, or consecutive groups of
+    ``ranks_per_node`` ranks (default: environment ``COLLECTIVES_RANKS_PER_NODE``), which is
+    how the path across nodes runs on one machine. Nodes may differ in size (a last node
+    with fewer ranks): a rank of a smaller node then carries the parts of the missing local
+    ranks across nodes too. Collective: every rank of ``comm`` calls it. Close the view
+    (its sub-communicators) before ``comm``.
+
+    Results equal the flat call's exactly for integers and for max and min. For floating
+    dtypes sum, avg and prod add (or multiply) in another order, so a result may differ
+    from the flat one by the rounding of a reordered sum: at most ``2 * (size - 1) * u *
+    sum(|x|)`` per element, over the ranks' values (``u`` the unit roundoff: 2**-24 for
+    float32, 2**-53 for float64, 2**-11 for float16, 2**-8 for bfloat16), the same bound in
+    relative terms for prod, and for avg two roundings more. Floating avg averages in each
+    step on equal nodes (the mean of the node means); integer avg, and any avg on unequal
+    nodes, sums and divides once by ``size`` (integers truncating toward zero as the flat
+    call does).
+
+    Example:
+        >>> comm = col.init()                      # COLLECTIVES_RANKS_PER_NODE=2 mpiexec -n 4 ...
+        >>> hcomm = col.hierarchical(comm)         # 2 nodes of 2 ranks
+        >>> hcomm.all_reduce(grad, op="avg")       # as comm.all_reduce(grad, op="avg")
+        >>> ddp = DistributedDataParallel(params, comm=hcomm)
+        >>> hcomm.close()
+    """
+    if not isinstance(comm, Communicator):
+        raise InvalidArgumentError(
+            f"{_CALL}: comm must be a Communicator, got {type(comm).__name__}"
+        )
+    comm._usable(_CALL)
+    if ranks_per_node is None:
+        ranks_per_node = ranks_per_node_from_env()
+    elif type(ranks_per_node) is not int or ranks_per_node < 1:
+        raise InvalidArgumentError(
+            f"{_CALL}: ranks_per_node must be a positive int, got {ranks_per_node!r}"
+        )
+    if ranks_per_node is not None:
+        nodes = node_layout(emulated_keys(comm.size, ranks_per_node))
+    else:
+        nodes = node_layout(_shared_memory_keys(comm.mpi_comm))
+    node = next(n for n, ranks in enumerate(nodes) if comm.rank in ranks)
+    layout = NodeLayout(nodes, node, nodes[node].index(comm.rank))
+    intra = comm.split(node, key=comm.rank)
+    carriers: dict[int, Any] = {}  # slot -> the communicator of its carriers
+    if layout.even:  # each rank carries the slot of its local rank: one split
+        carriers[layout.local] = comm.split(layout.local, key=node)
+    else:  # one split per slot, of its carriers on every node (ranks in order of node)
+        served = set(layout.served)
+        for slot in range(layout.widest):
+            sub = comm.split(0 if slot in served else None, key=node)
+            if slot in served:
+                carriers[slot] = sub
+    assert intra is not None and all(c is not None for c in carriers.values())
+    return HierarchicalCommunicator(comm, intra, [carriers[s] for s in layout.served], layout)
+
+
+def _shared_memory_keys(mpi_comm: MPI.Comm) -> list[int]:
+    """Each rank's node, named by the lowest rank of its shared-memory split (metadata only:
+    the pickling calls of mpi4py are fine here)."""
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        lowest = min(local.allgather(mpi_comm.Get_rank()))
+    finally:
+        local.Free()
+    return mpi_comm.allgather(lowest)
+
+
+class HierarchicalWork:
+    """The ``Work`` of a hierarchical call: its steps' Works, the phases of steps still to
+    issue, and the copies (or avg's division) that follow the last step.
+
+    A phase is the steps that can run together (one per communicator: the all-reduces of
+    the slots a rank carries across nodes, say); each phase reads the previous one's result.
+    On NCCL every step is issued at once: the one stream per device runs them in order. On
+    MPI only the first phase is in flight after the call and ``wait()`` issues the others:
+    wait for it on every rank, in the same order as the calls (as DDP does);
+    ``is_completed()`` stays False until then. Otherwise it becomes True once the last step
+    has finished (and runs what follows it, which is local).
+    """
+
+    __slots__ = ("_works", "_later", "_after", "_result", "_done")
+
+    def __init__(
+        self,
+        works: list[Any],
+        later: list[list[Step]],
+        after: list[Callable[[], None]],
+        result: Any,
+    ):
+        self._works = works  # read by ``completion_event`` (DDP's bucket timings)
+        self._later = later
+        self._after = after
+        self._result = result
+        self._done = False
+
+    def wait(self) -> Any:
+        """Finish every step (issuing those left, MPI) and order the caller after the result."""
+        if not self._done:
+            for work in self._works:
+                work.wait()
+            while self._later:
+                phase = self._later.pop(0)
+                if len(phase) == 1:  # synchronous: the direct path where it applies
+                    phase[0](False)
+                else:
+                    for work in [step(True) for step in phase]:
+                        work.wait()
+            self._finish()
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once the result is in place; never issues communication."""
+        if not self._done and not self._later and all(w.is_completed() for w in self._works):
+            self._finish()
+        return self._done
+
+    def synchronize(self) -> Any:
+        """Block the host until the result is in place (the timeout applies to each step)."""
+        result = self.wait()
+        if is_device_array(result):  # the copies after the last step ran on this stream
+            array_module(result).cuda.get_current_stream().synchronize()
+        return result
+
+    @property
+    def result(self) -> Any:
+        """The output array (valid once waited)."""
+        return self._result
+
+    def _finish(self) -> None:
+        for then in self._after:
+            then()
+        self._after = []
+        self._done = True
+
+
+class HierarchicalCommunicator:
+    """A communicator view: all_reduce, reduce_scatter and all_gather in steps inside and
+    across nodes, the other verbs those of ``parent``. Made by :func:`hierarchical`.
+
+    Attributes: ``rank``, ``size``, ``backend``, ``device``, ``stream``, ``mpi_comm`` as
+    the parent's; ``local_rank`` and ``local_size`` within the node (emulated ones
+    included), ``node`` and ``nodes`` (this rank's node and how many); ``intra``, the
+    communicator of the node, and ``inter``, that of the ranks that carry this rank's local
+    rank's part on every node (on equal nodes: the ranks of this local rank).
+
+    Example:
+        >>> hcomm = col.hierarchical(comm)
+        >>> hcomm.all_reduce(x)                      # in place, as comm.all_reduce(x)
+        >>> work = hcomm.all_gather(y, async_op=True); work.wait()
+    """
+
+    def __init__(
+        self,
+        parent: Communicator,
+        intra: Communicator,
+        carriers: list[Communicator],
+        layout: NodeLayout,
+    ):
+        self.parent = parent
+        self.intra = intra
+        self.inter = carriers[0]
+        self.rank, self.size = parent.rank, parent.size
+        self.backend, self.device, self.stream = parent.backend, parent.device, parent.stream
+        self.mpi_comm, self.timeout = parent.mpi_comm, parent.timeout
+        self.local_rank, self.local_size = intra.rank, intra.size
+        self.node, self.nodes = layout.node, len(layout.nodes)
+        self.layout = layout
+        self._carriers = carriers  # row j: the communicator of slot local_rank + j * local_size
+        # Index arrays of the arrangements (None where no reordering is needed).
+        slots = layout.slot_rows()
+        self._slot_rows = None if slots == list(range(layout.widest)) else np.array(slots)
+        self._slot_positions = np.array(layout.slot_positions())
+        blocks = layout.block_rows()
+        self._block_rows = None if blocks == list(range(self.size)) else np.array(blocks)
+        # The rows that hold a rank's block, and whose block (where some rows are unused).
+        used = [i for i, rank in enumerate(blocks) if rank < self.size]
+        self._used_rows = np.array(used)
+        self._unused_rows = len(used) < len(blocks)
+        self._used_ranks = np.array([blocks[i] for i in used])
+        self._indexes: dict[Any, dict[str, Any]] = {}
+        self._grouped = False
+        self._closed = False
+
+    @property
+    def xp(self) -> Any:
+        """The array module of the backend (the parent's ``xp``)."""
+        return self.parent.xp
+
+    @property
+    def described(self) -> str:
+        """The nodes in words: ``"2 nodes of 2 ranks"``, ``"2 nodes of 2 or 1 ranks"``."""
+        sizes = sorted({len(ranks) for ranks in self.layout.nodes}, reverse=True)
+        return f"{self.nodes} nodes of {' or '.join(map(str, sizes))} ranks"
+
+    # ------------------------------------------------------------ the hierarchical verbs
+
+    def all_reduce(
+        self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """As ``Communicator.all_reduce``: reduce-scatter in the node, all-reduce across
+        nodes, all-gather in the node. A count that the largest node's size does not divide
+        is padded."""
+        call, parent = "all_reduce", self.parent
+        x, name = unwrap(x, call)
+        op = parent._op(call, op, name)
+        out = x if out is None else parent._out(call, out, x, name, x.shape)
+        self._check(call, x, out)
+        first, second, after = self._ops(op, name, out)
+        n, slots, rows = x.size, self.layout.widest, self.layout.slots_per_rank
+        chunk = -(-n // slots)
+        if self._slot_rows is None and chunk * slots == n:  # the slots are x's parts, in order
+            src = x.reshape(self.local_size, rows * chunk)
+            dst = src if out is x else out.reshape(self.local_size, rows * chunk)
+        else:  # padded to equal slots, plus a zero row for the unused rows of a smaller node
+            padded = parent._new(x, (slots + 1, chunk))
+            flat = padded.reshape(-1)
+            flat[n:] = 0
+            flat[:n] = x.reshape(-1)
+            if self._slot_rows is None:
+                arranged = padded[:slots]
+            else:  # a smaller node: the slots of each of its ranks side by side
+                arranged = self._take(padded, "_slot_rows")
+            src = dst = arranged.reshape(self.local_size, rows * chunk)
+
+            def copy_back() -> None:
+                by_slot = arranged if self._slot_rows is None else self._take(
+                    arranged, "_slot_positions")  # fmt: skip
+                out.reshape(-1)[...] = by_slot.reshape(-1)[:n]
+
+            after.insert(0, copy_back)
+        mine = dst[self.local_rank].reshape(rows, chunk)
+        w = _wrapper(name)
+
+        def inside(a: bool) -> Any:
+            return self.intra.reduce_scatter(w(src), first, out=w(mine.reshape(-1)), async_op=a)
+
+        def across(j: int, carriers: Communicator, a: bool) -> Any:
+            return carriers.all_reduce(w(mine[j]), second, async_op=a)
+
+        def back(a: bool) -> Any:
+            return self.intra.all_gather(w(mine.reshape(-1)), out=w(dst), async_op=a)
+
+        return self._start([[inside], self._each_carrier(across), [back]], after, out, async_op)
+
+    def reduce_scatter(
+        self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """As ``Communicator.reduce_scatter``: reduce-scatter in the node (each local rank
+        gets the node's sum of the blocks of the ranks whose slot it carries, on every node),
+        then across nodes."""
+        call, parent = "reduce_scatter", self.parent
+        x, name = unwrap(x, call)
+        parent._leading(call, x)
+        op = parent._op(call, op, name)
+        shape = x.shape[1:]
+        if out is None:
+            out = parent._new(x, shape)
+        else:
+            out = parent._slot_out(call, out, x, name, shape, out_is_part=True)
+        self._check(call, x, out)
+        first, second, after = self._ops(op, name, out)
+        block, rows, nodes = math.prod(shape), self.layout.slots_per_rank, self.nodes
+        blocks = x.reshape(self.size, block)
+        if self._block_rows is not None:
+            if self._unused_rows:  # which read a zero block
+                spare = parent._new(x, (self.size + 1, block))
+                spare[: self.size] = blocks
+                spare[self.size] = 0
+                blocks = spare
+            blocks = self._take(blocks, "_block_rows")
+        arranged = blocks.reshape(self.local_size, rows * nodes * block)
+        partial = parent._new(x, (rows, nodes, block))
+        # row 0 is this rank's own slot, whose block is the result; other rows' are not
+        unused = parent._new(x, (block,)) if len(self._carriers) > 1 else None
+        w = _wrapper(name)
+
+        def inside(a: bool) -> Any:
+            return self.intra.reduce_scatter(
+                w(arranged), first, out=w(partial.reshape(-1)), async_op=a
+            )
+
+        def across(j: int, carriers: Communicator, a: bool) -> Any:
+            mine = out.reshape(block) if j == 0 else unused
+            return carriers.reduce_scatter(w(partial[j]), second, out=w(mine), async_op=a)
+
+        return self._start([[inside], self._each_carrier(across)], after, out, async_op)
+
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        """As ``Communicator.all_gather``: all-gather across nodes (the blocks of the ranks
+        whose slot this rank carries, on every node), then in the node."""
+        call, parent = "all_gather", self.parent
+        x, name = unwrap(x, call)
+        shape = (self.size, *x.shape)
+        out = parent._new(x, shape) if out is None else parent._slot_out(call, out, x, name, shape)
+        self._check(call, x, out)
+        block, rows, nodes = x.size, self.layout.slots_per_rank, self.nodes
+        gathered_across = parent._new(x, (rows, nodes, block))
+        nothing = None  # what this rank sends for the slots it carries for missing ranks
+        if len(self._carriers) > 1:
+            nothing = parent._new(x, (block,))
+            nothing[...] = 0
+        after: list[Callable[[], None]] = []
+        if self._block_rows is None:
+            gathered = out.reshape(self.local_size, rows * nodes * block)
+        else:
+            gathered = parent._new(x, (self.local_size, rows * nodes * block))
+
+            def place() -> None:
+                by_row = gathered.reshape(-1, block)
+                if self._unused_rows:
+                    by_row = self._take(by_row, "_used_rows")
+                    into = self._index(x, "_used_ranks")
+                else:
+                    into = self._index(x, "_block_rows")
+                out.reshape(self.size, block)[into] = by_row
+
+            after.append(place)
+        w = _wrapper(name)
+
+        def across(j: int, carriers: Communicator, a: bool) -> Any:
+            mine = x.reshape(block) if j == 0 else nothing
+            return carriers.all_gather(w(mine), out=w(gathered_across[j]), async_op=a)
+
+        def inside(a: bool) -> Any:
+            return self.intra.all_gather(
+                w(gathered_across.reshape(-1)), out=w(gathered), async_op=a
+            )
+
+        return self._start([self._each_carrier(across), [inside]], after, out, async_op)
+
+    # ------------------------------------------------------------ passed through
+
+    def reduce(self, x: Any, root: int = 0, op: ReduceOp | str = "sum", *, out: Any = None,
+               async_op: bool = False) -> Any:  # fmt: skip
+        return self.parent.reduce(x, root, op, out=out, async_op=async_op)
+
+    def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
+        return self.parent.broadcast(x, root, async_op=async_op)
+
+    def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        return self.parent.all_to_all(x, out=out, async_op=async_op)
+
+    def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        return self.parent.gather(x, root, out=out, async_op=async_op)
+
+    def scatter(
+        self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        return self.parent.scatter(x, root, out=out, async_op=async_op)
+
+    def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
+        return self.parent.send(x, peer, async_op=async_op)
+
+    def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
+        return self.parent.recv(x, peer, async_op=async_op)
+
+    def barrier(self, *, async_op: bool = False) -> Any:
+        return self.parent.barrier(async_op=async_op)
+
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        return self.parent.split(color, key)
+
+    @contextmanager
+    def group(self) -> Iterator[HierarchicalCommunicator]:
+        """The parent's group. The hierarchical verbs refuse to run inside it: their steps
+        depend on each other, and a group completes its calls together at its end."""
+        with self.parent.group():
+            previous, self._grouped = self._grouped, True
+            try:
+                yield self
+            finally:
+                self._grouped = previous
+
+    @property
+    def call_path(self) -> str:
+        return (
+            f"all_reduce, reduce_scatter and all_gather in steps over {self.described}; "
+            f"other calls: {self.parent.call_path}"
+        )
+
+    def close(self) -> None:
+        """Close the sub-communicators (not the parent). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            for sub in (*self._carriers, self.intra):
+                sub.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        where = f"rank {self.rank} of {self.size}, over {self.parent!r}"
+        return f"HierarchicalCommunicator({self.described}, {where})"
+
+    def __enter__(self) -> HierarchicalCommunicator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _check(self, call: str, x: Any, out: Any) -> None:
+        """The checks the flat call makes before communicating, where a step's own would
+        name a step's arrays (or come after an earlier step)."""
+        if self._closed:
+            raise CommunicatorStateError(
+                f"{call}: the hierarchical view is closed (rank {self.rank})"
+            )
+        if self._grouped or _nccl_group_open(self.backend):
+            raise InvalidArgumentError(
+                f"{call}: a hierarchical call cannot run inside comm.group(): its steps depend on "
+                "each other; call it outside the with-block"
+            )
+        self.parent._usable(call)
+        check_arrays = self.parent._check_arrays
+        if check_arrays is not None:
+            check_arrays(call, x, out)
+        if type(out) is np.ndarray and not out.flags.writeable:
+            what = "x" if out is x else "out"
+            raise InvalidArgumentError(
+                f"{call}: {what} is read-only, and {call} writes its result there"
+            )
+
+    def _ops(self, op: ReduceOp, name: str, out: Any) -> tuple[ReduceOp, ReduceOp, list]:
+        """The op of each step, and what follows the last. Floating avg on equal nodes
+        averages in each step: the mean of the node means, which cannot overflow where the
+        sum could. Integer avg, and any avg on unequal nodes, sums and divides once
+        (integers truncating as the flat call does)."""
+        if op is not ReduceOp.AVG or (name in FLOATING and self.layout.even):
+            return op, op, []
+        size = self.size
+        return ReduceOp.SUM, ReduceOp.SUM, [lambda: _divide(out, name, size)]
+
+    def _index(self, like: Any, which: str) -> Any:
+        """The index array ``which`` in ``like``'s module (made once per device)."""
+        xp = array_module(like)
+        if xp is np:
+            return getattr(self, which)
+        cached = self._indexes.setdefault(like.device.id, {})
+        if which not in cached:
+            with like.device:
+                cached[which] = xp.asarray(getattr(self, which))
+        return cached[which]
+
+    def _take(self, a: Any, which: str) -> Any:
+        """The rows of ``a`` that the index array ``which`` lists, as a new array."""
+        return array_module(a).take(a, self._index(a, which), axis=0)
+
+    def _each_carrier(self, step: Callable[[int, Communicator, bool], Any]) -> list[Step]:
+        """``step`` once per slot this rank carries, in slot order (the same on every rank)."""
+        return [functools.partial(step, j, c) for j, c in enumerate(self._carriers)]
+
+    def _start(self, phases: list[list[Step]], after: list, result: Any, async_op: bool) -> Any:
+        """Issue the phases of a call (see :class:`HierarchicalWork`). Every communicator
+        has its step of a call in the same phase on each of its ranks, so its calls are
+        issued in the same order everywhere."""
+        if self.backend == "nccl":  # one stream per device orders the steps: issue all now
+            works, later = [step(True) for phase in phases for step in phase], []
+        elif async_op:  # a phase reads the previous one's result: only the first can be in flight
+            works, later = [step(True) for step in phases[0]], phases[1:]
+        else:
+            works, later = [], phases
+        work = HierarchicalWork(works, later, after, result)
+        return work if async_op else work.wait()
+
+
+def _wrapper(name: str) -> Callable[[Any], Any]:
+    """How a step passes an array: storage arrays of bfloat16 travel as bfloat16."""
+    return as_bfloat16 if name == "bfloat16" else _same
+
+
+def _same(a: Any) -> Any:
+    return a
+
+
+def _divide(out: Any, name: str, size: int) -> None:
+    """avg's one division, of bfloat16 bits too."""
+    if name == "bfloat16":
+        values = bfloat16_to_float32(out)
+        values /= size
+        float32_to_bfloat16(values, out)
+    else:
+        divide_in_place(out, size)
+
+
+def _nccl_group_open(backend: str) -> bool:
+    """Whether this thread is inside a ``group()`` of any NCCL communicator (NCCL's group is
+    per thread: a step issued there would be held until the group's end)."""
+    if backend != "nccl":
+        return False
+    from ._nccl_group import current
+
+    return current().open
