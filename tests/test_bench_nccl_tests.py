@@ -1,0 +1,204 @@
+"""The ``*_perf`` programs speak nccl-tests: its flags, names, defaults and output.
+
+In process: every nccl-tests flag, short and long, parses to what nccl-tests makes of it,
+and the header and rows match nccl-tests' own printf formats (copied from its util.cu).
+Under mpiexec (2 ranks, tiny sizes): ``-d all -o all`` (and ``-r all``) sweep every type, op
+and root with 0 wrong; a bad command line exits 2 with one usage line and no traceback.
+"""
+
+# nccl-tests' printf formats are kept verbatim, as %-formats, so that they read as its source
+# ruff: noqa: UP031
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import _cli, _table
+from benchmarks._data import NCCL_TYPES, REDOPS, type_name
+from tests.spmd_launcher import REPO, mpi_env, mpiexec
+
+TIMEOUT = 180
+PROGRAMS = ("all_reduce_perf", "all_gather_perf", "broadcast_perf", "reduce_perf",
+            "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
+            "sendrecv_perf")  # fmt: skip
+
+
+def _parse(argv, collective="all_reduce"):
+    return _cli.parse_args(argv, collective)
+
+
+def test_every_program_is_a_module_for_its_collective():
+    assert sorted(_cli.PROGRAMS.values()) == sorted(PROGRAMS)
+    for program in PROGRAMS:
+        assert (REPO / "benchmarks" / f"{program}.py").is_file()
+
+
+def test_defaults_are_nccl_tests():
+    args = _parse([])
+    assert args.sizes == [32 << 20] and args.step == "1048576(bytes)"
+    assert (args.iters, args.warmup_iters, args.agg_iters, args.check) == (20, 1, 1, 1)
+    assert [type_name(t) for t in args.types] == ["float"] and args.redops == ["sum"]
+    assert args.roots == [0] and args.average == 1 and args.run_cycles == 1
+
+
+@pytest.mark.parametrize(
+    "short,long,value,dest,want",
+    [("-t", "--nthreads", "1", "nthreads", 1), ("-g", "--ngpus", "1", "ngpus", 1),
+     ("-b", "--minbytes", "1K", "minbytes", 1024), ("-e", "--maxbytes", "1G", "maxbytes", 1 << 30),
+     ("-i", "--stepbytes", "128K", "stepbytes", 128 << 10),
+     ("-f", "--stepfactor", "4", "stepfactor", 4), ("-n", "--iters", "7", "iters", 7),
+     ("-m", "--agg_iters", "3", "agg_iters", 3), ("-w", "--warmup_iters", "0", "warmup_iters", 0),
+     ("-N", "--run_cycles", "2", "run_cycles", 2), ("-p", "--parallel_init", "1", "parallel_init", 1),
+     ("-c", "--check", "5", "check", 5), ("-o", "--op", "max", "redops", ["max"]),
+     ("-d", "--datatype", "half", "types", [np.dtype("float16")]), ("-r", "--root", "1", "roots", [1]),
+     ("-z", "--blocking", "2", "blocking", 2), ("-y", "--stream_null", "0", "stream_null", 0),
+     ("-T", "--timeout", "30", "timeout", 30.0), ("-G", "--cudagraph", "0", "cudagraph", 0),
+     ("-C", "--report_cputime", "1", "report_cputime", 1),
+     ("-S", "--report_timestamps", "0", "report_timestamps", 0),
+     ("-J", "--output_file", "out.json", "json", "out.json"), ("-a", "--average", "3", "average", 3),
+     ("-R", "--local_register", "0", "local_register", 0),
+     ("-D", "--device_implementation", "0", "device_implementation", 0),
+     ("-V", "--device_cta_count", "8", "device_cta_count", 8), ("-M", "--memory", "0", "memory", 0),
+     ("-u", "--unalign", "0", "unalign", 0), ("-I", "--per_iter_timing", "0", "per_iter_timing", 0),
+     ("-K", "--per_iter_skip", "2", "per_iter_skip", 2)],
+)  # fmt: skip
+def test_every_flag_short_and_long(short, long, value, dest, want):
+    for argv in ([short, value], [f"{long}={value}"]):
+        assert getattr(_parse(["-b", "8", "-e", "2G", *argv]), dest) == want, argv
+
+
+def test_types_ops_and_roots():
+    every = _parse(["-d", "all", "-o", "all", "-r", "all"], "reduce")
+    assert [type_name(t) for t in every.types] == list(NCCL_TYPES)
+    assert every.redops == list(REDOPS) and every.roots is None
+    combos = _cli.combinations(every, 3)
+    assert len(combos) == len(NCCL_TYPES) * len(REDOPS) * 3
+    assert [(type_name(t), o, r) for t, o, r in combos[:4]] == [
+        ("int8", "sum", 0), ("int8", "sum", 1), ("int8", "sum", 2), ("int8", "prod", 0)]  # fmt: skip
+    assert _parse(["-r", "-1"], "broadcast").roots is None
+    # a collective without a reduce op or root runs once per type
+    gather = _parse(["-d", "all", "-o", "all", "-r", "all"], "all_gather")
+    assert [(o, r) for _, o, r in _cli.combinations(gather, 3)] == [("none", -1)] * 10
+    for alias, name in (("float16", "half"), ("float32", "float"), ("float64", "double")):
+        assert type_name(_parse(["-d", alias]).types[0]) == name
+
+
+def test_sizes_as_nccl_tests():
+    assert _parse(["-b", "8", "-e", "64", "-f", "2", "-i", "1"]).sizes == [8, 16, 32, 64]
+    args = _parse(["-b", "1K", "-e", "3K", "-i", "1K"])
+    assert args.sizes == [1024, 2048, 3072] and args.step == "1024(bytes)"
+    assert _parse(["-b", "8", "-e", "64", "-f", "2"]).step == "2(factor)"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [(["-b", "1G", "-e", "8"], "max_bytes (-e) must be >= min_bytes (-b)"),
+     (["-b", "12X"], "size must be a byte count"), (["-d", "float8"], "dtype (-d) must be one of"),
+     (["-d", "f8e4m3"], "no 8-bit float"), (["-o", "mulsum"], "no mulsum"),
+     (["-o", "mean"], "reduce op (-o) must be one of"), (["-r", "x"], "root (-r) must be a rank"),
+     (["-t", "2"], "-t 2 is not supported here: one thread per process"),
+     (["-g", "2"], "-g 2 is not supported here: one GPU per rank"),
+     (["-G", "1"], "-G 1 is not supported"), (["-R", "1"], "-R 1 is not supported"),
+     (["-x", "1"], "-x is not supported"), (["-N", "0"], "-N must be >= 1"),
+     (["-a", "4"], "-a must be in 0..3"), (["-z", "4"], "-z must be in 0..3"),
+     (["--bogus"], "unrecognized arguments: --bogus")],
+)  # fmt: skip
+def test_bad_flags_exit_2_with_one_usage_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _parse(argv)
+    assert exit_.value.code == 2
+    usage, error = capsys.readouterr().err.splitlines()
+    assert usage == "usage: python -m benchmarks.all_reduce_perf [-h] [options]"
+    assert error.startswith("python -m benchmarks.all_reduce_perf: error: ") and message in error
+
+
+def test_header_and_rows_are_nccl_tests_printf():
+    """Golden lines: nccl-tests' util.cu formats, applied with C printf semantics."""
+    head = _table.header().splitlines()
+    assert head == [
+        "#",
+        "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          "
+        % ("", "", "", "", ""),
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %0s"
+        % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+           "time", "algbw", "busbw", "#wrong", ""),
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %0s"
+        % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+           "(GB/s)", "", ""),
+    ]  # fmt: skip
+    assert _table.header(cputime=True).splitlines()[2].split()[6] == "cputime"
+    cell = {"time_us": 123456.7, "algbw": 12.345, "busbw": 23.5, "wrong": 0}
+    row = {"size": 33554432, "count": 8388608, "type": "float", "redop": "sum", "root": -1,
+           "out_of_place": cell, "in_place": dict(cell, wrong=None)}  # fmt: skip
+    assert _table.format_row(row) == (
+        "%12li  %12li  %8s  %6s  %6s" % (33554432, 8388608, "float", "sum", "%6i" % -1)
+        + "  %7s  %6s  %6s  %6g" % (" 123457", " 12.35", " 23.50", 0)
+        + "  %7s  %6s  %6s    N/A" % (" 123457", " 12.35", " 23.50")
+    )
+    totals = {"wrong": 0, "failed": 0, "avg_busbw": 23.5}
+    assert _table.footer(totals, "all_reduce_perf").splitlines() == [
+        "# %-20s : %d %s" % ("Out of bounds values", 0, "OK"),
+        "# %-20s : %g %s" % ("Avg bus bandwidth", 23.5, ""),
+        "#",
+        "# Collective test concluded: all_reduce_perf",
+    ]
+
+
+def _launch(argv: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [mpiexec(), "-n", "2", sys.executable, *argv],
+            cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=TIMEOUT,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"benchmark hung (killed after {TIMEOUT} s): {exc.output}")
+
+
+DRIVER = """
+import sys
+from benchmarks.collective import main
+tiny = ["-b", "8", "-e", "8", "-n", "1", "-w", "0"]
+for collective, extra in (("all_reduce", ["-d", "all", "-o", "all"]),
+                          ("reduce", ["-d", "bfloat16", "-o", "all", "-r", "all"]),
+                          ("all_gather", ["-d", "all"])):
+    rc = main(tiny + extra, collective)
+    assert rc == 0, (collective, rc)
+"""
+
+
+def test_every_type_op_and_root_sweeps_with_0_wrong():
+    proc = _launch(["-c", DRIVER])
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    tables = proc.stdout.split("# Collective test starting: ")[1:]
+    assert [t.split()[0] for t in tables] == ["all_reduce_perf", "reduce_perf", "all_gather_perf"]
+    seen = []
+    for table in tables:
+        assert (
+            "# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 1048576(bytes) warmup iters: 0 "
+            "iters: 1 agg iters: 1 validation: 1 graph: 0 unalign: 0\n" in table
+        )
+        assert table.count("#  Rank ") == 2 and "# Out of bounds values : 0 OK" in table
+        for line in table.splitlines()[1:]:
+            if line.startswith("#"):
+                continue
+            cols = line.split()
+            assert len(cols) == 13 and cols[8] == "0" and cols[12] == "0", line
+            seen.append(tuple(cols[2:5]))
+    # 8 bytes of all_gather on 2 ranks hold no 8-byte element per rank: no row, as nccl-tests
+    assert seen[:50] == [(t, o, "-1") for t in NCCL_TYPES for o in REDOPS]
+    assert seen[50:60] == [("bfloat16", o, str(r)) for o in REDOPS for r in (0, 1)]
+    wide = ("int64", "uint64", "double")
+    assert seen[60:] == [(t, "none", "-1") for t in NCCL_TYPES if t not in wide]
+
+
+@pytest.mark.parametrize("argv", [["-b", "1G", "-e", "8"], ["-d", "float8"], ["-r", "2"]])
+def test_bad_arguments_under_mpiexec_exit_2_on_rank_0_only(argv):
+    proc = _launch(["-m", "benchmarks.reduce_perf", "-b", "8", "-e", "8", *argv])
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert lines.count("usage: python -m benchmarks.reduce_perf [-h] [options]") == 1, lines
+    assert sum(line.startswith("python -m benchmarks.reduce_perf: error: ") for line in lines) == 1
