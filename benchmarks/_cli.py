@@ -61,7 +61,7 @@ _NEUTRAL = (
     ("-u", "unalign", {0}, "buffers are the array library's, aligned as it allocates them"),
     ("-I", "per_iter_timing", {0}, "calls are timed in blocks, not one by one"),
     ("-S", "report_timestamps", {0}, "the table has no timestamp column"),
-    ("-p", "parallel_init", {0, 1}, ""),
+    ("-p", "parallel_init", {0, 1}, "one thread per process: nothing to start in parallel"),
 )
 
 
@@ -100,8 +100,9 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
     if not perf:
         p.add_argument("--op", default="all_reduce", choices=OPS, help="collective (all_reduce)")
     a = p.add_argument
-    a("-t", "--nthreads", type=int, default=1, help="threads per process (1 only)")
-    a("-g", "--ngpus", type=int, default=1, help="GPUs per rank (1 only)")
+    for flag, dest, allowed, _ in _NEUTRAL:  # the flags that change nothing here
+        only = "/".join(str(v) for v in sorted(allowed))
+        a(flag, f"--{dest}", type=int, default=min(allowed), help=f"{only} only")
     a("-b", "--minbytes", type=_size_arg, default=32 << 20 if perf else 8, help="min size")
     a("-e", "--maxbytes", type=_size_arg, default=32 << 20, help="max size (32M)")
     a("-i", "--stepbytes", type=_size_arg, default=None, help="size increment (1M)")
@@ -111,7 +112,6 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
     a("-m", "--agg_iters", type=int, default=1, help="calls per timed iteration (1)")
     a("-w", "--warmup_iters", type=int, default=1 if perf else 5, help="warm-up calls")
     a("-N", "--run_cycles", type=int, default=1, help="times the whole sweep runs (1)")
-    a("-p", "--parallel_init", type=int, default=0, help="no effect: one thread per process")
     a("-c", "--check", type=int, default=1, help="checked calls per size and form (1; 0: none)")
     a("-o", "--op" if perf else "--op-reduce", dest="redop", default="sum",
       help="reduce op: sum, prod, max, min, avg or all (sum)")  # fmt: skip
@@ -119,27 +119,13 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
       help=f"type: {', '.join(NCCL_TYPES)} or all (float)")  # fmt: skip
     a("-r", "--root", default="0", help="root of rooted collectives, or all (-1) (0)")
     a("-z", "--blocking", type=int, default=0, help="wait (and barrier) after each call: 0-3")
-    a("-y", "--stream_null", type=int, default=0, help="0 only")
     a("-T", "--timeout", type=float, default=0, help="seconds before a call is declared hung")
-    a("-G", "--cudagraph", type=int, default=0, help="0 only")
     a("-C", "--report_cputime", type=int, default=0, help="label times cputime (host clock)")
-    a("-S", "--report_timestamps", type=int, default=0, help="0 only")
     a("-J", "--output_file", "--json", dest="json", default=None, metavar="PATH",
       help="write rows + metadata as JSON (this project's layout)")  # fmt: skip
-    a(
-        "-a",
-        "--average",
-        type=int,
-        default=1,
-        help="time over ranks: 0 rank 0, 1 mean, 2 min, 3 max",
-    )
-    a("-R", "--local_register", type=int, default=0, help="0 only")
+    a("-a", "--average", type=int, default=1, help="over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
     a("-x", "--cta_policy", default=None, help="not settable")
-    a("-D", "--device_implementation", type=int, default=0, help="0 only")
     a("-V", "--device_cta_count", type=int, default=16, help="no effect without -D")
-    a("-M", "--memory", type=int, default=0, help="0 only")
-    a("-u", "--unalign", type=int, default=0, help="0 only")
-    a("-I", "--per_iter_timing", type=int, default=0, help="0 only")
     a("-K", "--per_iter_skip", type=int, default=0, help="no effect without -I")
     a("--backend", default="auto", choices=("auto", "mpi", "nccl"))
     a("--baseline", default=None, choices=BASELINES, help="raw library to compare with")

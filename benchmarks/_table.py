@@ -153,7 +153,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def footer(totals: dict[str, Any], program: str = "") -> str:
     """nccl-tests' closing lines: how many results were wrong, ``Avg bus bandwidth``, and
-    (given ``program``) the ``Collective test concluded`` line; a baseline's lines between."""
+    (given ``program``) the ``Collective test concluded`` line; with a baseline, its lines
+    before that and the :func:`verdict` after it."""
     lines = [
         f"# Out of bounds values : {totals['failed']} {'FAILED' if totals['failed'] else 'OK'}",
         f"# Avg bus bandwidth    : {totals['avg_busbw']:g} ",
@@ -169,9 +170,10 @@ def footer(totals: dict[str, Any], program: str = "") -> str:
         lines.append(
             f"# Median time ratio ours/{name} : {'N/A' if ratio is None else f'{ratio:.3f}'}"
         )
-        lines.append(verdict(totals))
     if program:
         lines += ["#", f"# Collective test concluded: {program}"]
+    if "baseline" in totals:
+        lines.append(verdict(totals))  # last: the line to read at a glance
     return "\n".join(lines)
 
 

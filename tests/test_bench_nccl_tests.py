@@ -93,9 +93,8 @@ def test_sizes_as_nccl_tests():
     assert _parse(["-b", "8", "-e", "64", "-f", "2"]).step == "2(factor)"
 
 
-@pytest.mark.parametrize(
-    "argv,message",
-    [(["-b", "1G", "-e", "8"], "max_bytes (-e) must be >= min_bytes (-b)"),
+BAD = [
+    (["-b", "1G", "-e", "8"], "max_bytes (-e) must be >= min_bytes (-b)"),
      (["-b", "12X"], "size must be a byte count"), (["-d", "float8"], "dtype (-d) must be one of"),
      (["-d", "f8e4m3"], "no 8-bit float"), (["-o", "mulsum"], "no mulsum"),
      (["-o", "mean"], "reduce op (-o) must be one of"), (["-r", "x"], "root (-r) must be a rank"),
@@ -104,15 +103,25 @@ def test_sizes_as_nccl_tests():
      (["-G", "1"], "-G 1 is not supported"), (["-R", "1"], "-R 1 is not supported"),
      (["-x", "1"], "-x is not supported"), (["-N", "0"], "-N must be >= 1"),
      (["-a", "4"], "-a must be in 0..3"), (["-z", "4"], "-z must be in 0..3"),
-     (["--bogus"], "unrecognized arguments: --bogus")],
-)  # fmt: skip
-def test_bad_flags_exit_2_with_one_usage_line(argv, message, capsys):
+     (["--bogus"], "unrecognized arguments: --bogus")]  # fmt: skip
+# benchmarks.collective's own flags and defaults
+BAD_COLLECTIVE = [(["-n", "0"], "-n must be >= 1, got 0"), (["-w", "-1"], "-w must be >= 0, got -1"),
+                  (["--rounds", "0"], "--rounds must be >= 1, got 0"), (["--op", "x"], "--op: invalid"),
+                  (["-b", "64", "-e", "8"], "max_bytes (-e) must be >= min_bytes")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "collective,argv,message",
+    [("all_reduce", *bad) for bad in BAD] + [(None, *bad) for bad in BAD_COLLECTIVE],
+)
+def test_bad_flags_exit_2_with_one_usage_line(collective, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
-        _parse(argv)
+        _parse(argv, collective)
     assert exit_.value.code == 2
     usage, error = capsys.readouterr().err.splitlines()
-    assert usage == "usage: python -m benchmarks.all_reduce_perf [-h] [options]"
-    assert error.startswith("python -m benchmarks.all_reduce_perf: error: ") and message in error
+    prog = f"python -m benchmarks.{_cli.PROGRAMS[collective] if collective else 'collective'}"
+    assert usage == f"usage: {prog} [-h] [options]"
+    assert error.startswith(f"{prog}: error: ") and message in error
 
 
 def test_header_and_rows_are_nccl_tests_printf():
