@@ -167,40 +167,54 @@ def _launch(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 DRIVER = """
-import sys
-from benchmarks.collective import main
-tiny = ["-b", "8", "-e", "8", "-n", "1", "-w", "0"]
-for collective, extra in (("all_reduce", ["-d", "all", "-o", "all"]),
-                          ("reduce", ["-d", "bfloat16", "-o", "all", "-r", "all"]),
-                          ("all_gather", ["-d", "all"])):
-    rc = main(tiny + extra, collective)
-    assert rc == 0, (collective, rc)
+import runpy, sys
+tiny = ["-b", "16", "-e", "16", "-n", "1", "-w", "0"]
+for program, extra in (("all_reduce_perf", ["-d", "all", "-o", "all"]),
+                       ("reduce_perf", ["-d", "bfloat16", "-o", "all", "-r", "all"])) + tuple(
+        (p, ["-d", "all", "-r", "all"]) for p in sys.argv[1:]):
+    sys.argv = [program, *tiny, *extra]
+    try:
+        runpy.run_module(f"benchmarks.{program}", run_name="__main__")
+    except SystemExit as exit_:
+        assert exit_.code == 0, (program, exit_.code)
 """
+OTHERS = ("all_gather_perf", "broadcast_perf", "reduce_scatter_perf", "alltoall_perf",
+          "gather_perf", "scatter_perf", "sendrecv_perf")  # fmt: skip
 
 
-def test_every_type_op_and_root_sweeps_with_0_wrong():
-    proc = _launch(["-c", DRIVER])
+def _rows(table: str) -> list[tuple[str, str, str]]:
+    """(type, redop, root) of each row of one program's table; every row checked, 0 wrong."""
+    rows = []
+    for line in table.splitlines()[1:]:
+        if line.startswith("#"):
+            continue
+        cols = line.split()
+        assert len(cols) == 13, line
+        assert [cols[8], cols[12]] in (["0", "0"], ["N/A", "0"], ["0", "N/A"]), line
+        rows.append((cols[2], cols[3], cols[4]))
+    return rows
+
+
+def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
+    """Each ``*_perf`` module run as a program (one launch), at 16 bytes on 2 ranks."""
+    proc = _launch(["-c", DRIVER, *OTHERS])
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    tables = proc.stdout.split("# Collective test starting: ")[1:]
-    assert [t.split()[0] for t in tables] == ["all_reduce_perf", "reduce_perf", "all_gather_perf"]
-    seen = []
-    for table in tables:
+    tables = dict(t.split("\n", 1) for t in proc.stdout.split("# Collective test starting: ")[1:])
+    assert list(tables) == ["all_reduce_perf", "reduce_perf", *OTHERS]
+    for program, table in tables.items():
         assert (
-            "# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 1048576(bytes) warmup iters: 0 "
+            "# nThread 1 nGpus 1 minBytes 16 maxBytes 16 step: 1048576(bytes) warmup iters: 0 "
             "iters: 1 agg iters: 1 validation: 1 graph: 0 unalign: 0\n" in table
         )
         assert table.count("#  Rank ") == 2 and "# Out of bounds values : 0 OK" in table
-        for line in table.splitlines()[1:]:
-            if line.startswith("#"):
-                continue
-            cols = line.split()
-            assert len(cols) == 13 and cols[8] == "0" and cols[12] == "0", line
-            seen.append(tuple(cols[2:5]))
-    # 8 bytes of all_gather on 2 ranks hold no 8-byte element per rank: no row, as nccl-tests
-    assert seen[:50] == [(t, o, "-1") for t in NCCL_TYPES for o in REDOPS]
-    assert seen[50:60] == [("bfloat16", o, str(r)) for o in REDOPS for r in (0, 1)]
-    wide = ("int64", "uint64", "double")
-    assert seen[60:] == [(t, "none", "-1") for t in NCCL_TYPES if t not in wide]
+        assert f"# Collective test concluded: {program}\n" in table
+    assert _rows(tables["all_reduce_perf"]) == [(t, o, "-1") for t in NCCL_TYPES for o in REDOPS]
+    assert _rows(tables["reduce_perf"]) == [("bfloat16", o, r) for o in REDOPS for r in "01"]
+    assert _rows(tables["reduce_scatter_perf"]) == [(t, "sum", "-1") for t in NCCL_TYPES]
+    for program in ("broadcast_perf", "gather_perf", "scatter_perf"):
+        assert _rows(tables[program]) == [(t, "none", r) for t in NCCL_TYPES for r in "01"]
+    for program in ("all_gather_perf", "alltoall_perf", "sendrecv_perf"):
+        assert _rows(tables[program]) == [(t, "none", "-1") for t in NCCL_TYPES]
 
 
 @pytest.mark.parametrize("argv", [["-b", "1G", "-e", "8"], ["-d", "float8"], ["-r", "2"]])
