@@ -6,10 +6,13 @@ Run it (the table goes to rank 0's stdout)::
     mpiexec -n 2 python -m benchmarks.collective -b 8 -e 16M -f 4 --baseline mpi4py \\
         --json out.json --plot out.png
 
-Each size: every form of the call (out of place, in place) is run once on fresh data and
-its result compared element by element with a NumPy reference (``#wrong``); then, after
-``-w`` warm-up calls, ``-n`` calls are timed between a barrier and a synchronisation of the
-device, and the per-call time is averaged over ranks. With ``--baseline``, the raw library
+nccl-tests' programs (``python -m benchmarks.all_reduce_perf`` and the others) are this
+``main`` with the collective fixed and nccl-tests' defaults; both parse ``_cli``'s command
+line. Each (type, reduce op, root) and size: every form of the call (out of place, in place)
+is run ``-c`` times on fresh data and its result compared element by element with a NumPy
+reference (``#wrong``); then, after ``-w`` warm-up calls, ``-n`` times ``-m`` calls are
+timed between a barrier and a synchronisation of the device, and the per-call time is
+combined over ranks as ``-a`` says (the mean by default). With ``--baseline``, the raw library
 runs on the same buffers in the same process, its timed blocks interleaved with ours
 (``--rounds``, alternating which goes first), and each time reported is the median (or,
 with ``--stat min``, the best) of the rounds.
@@ -203,8 +206,9 @@ def run(
 
 
 def check_roots(args: argparse.Namespace, size: int) -> None:
-    """Every root (-r) must be a rank of this world."""
-    for root in args.roots or []:
+    """Every root (-r) of a rooted collective must be a rank of this world (the others
+    ignore it, as in nccl-tests)."""
+    for root in args.roots if args.op in ROOTED and args.roots else []:
         if root >= size:
             raise InvalidArgumentError(f"benchmark: root (-r) must be in [0, {size}), got {root}")
 

@@ -119,7 +119,7 @@ def test_command_line_with_baseline_and_plot(tmp_path):
 
 @pytest.mark.parametrize(
     "argv,message",
-    [(["-r", "3"], "root (-r) must be in [0, 1), got 3"),
+    [(["--op", "reduce", "-r", "3"], "root (-r) must be in [0, 1), got 3"),
      (["--baseline", "nccl"], "--baseline nccl runs on CuPy arrays, expected --backend nccl"),
      (["-e", "4", "-b", "8"], "max_bytes (-e) must be >= min_bytes (-b) = 8, got 4")],
 )  # fmt: skip
@@ -128,7 +128,7 @@ def test_bad_flag_fails_cleanly(argv, message):
         [sys.executable, "-m", "benchmarks.collective", "-b", "8", "-e", "8", *argv],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
-    assert proc.returncode == (1 if "baseline" in argv[0] else 2)
+    assert proc.returncode == (1 if "--baseline" in argv else 2)
     assert message in proc.stderr
 
 

@@ -169,9 +169,13 @@ def _launch(argv: list[str]) -> subprocess.CompletedProcess:
 DRIVER = """
 import runpy, sys
 tiny = ["-b", "16", "-e", "16", "-n", "1", "-w", "0"]
+# the flags that change how calls are timed, each on one program
+timing = {"all_gather_perf": ["-a", "0", "-m", "2", "-z", "1", "-c", "3"],
+          "alltoall_perf": ["-a", "3", "-z", "2", "-C", "1", "-T", "30"],
+          "sendrecv_perf": ["-a", "2", "-z", "3", "-N", "2"]}
 for program, extra in (("all_reduce_perf", ["-d", "all", "-o", "all"]),
                        ("reduce_perf", ["-d", "bfloat16", "-o", "all", "-r", "all"])) + tuple(
-        (p, ["-d", "all", "-r", "all"]) for p in sys.argv[1:]):
+        (p, ["-d", "all", "-r", "all", *timing.get(p, [])]) for p in sys.argv[1:]):
     sys.argv = [program, *tiny, *extra]
     try:
         runpy.run_module(f"benchmarks.{program}", run_name="__main__")
@@ -202,9 +206,10 @@ def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
     tables = dict(t.split("\n", 1) for t in proc.stdout.split("# Collective test starting: ")[1:])
     assert list(tables) == ["all_reduce_perf", "reduce_perf", *OTHERS]
     for program, table in tables.items():
+        agg, check = ("2", "3") if program == "all_gather_perf" else ("1", "1")
         assert (
             "# nThread 1 nGpus 1 minBytes 16 maxBytes 16 step: 1048576(bytes) warmup iters: 0 "
-            "iters: 1 agg iters: 1 validation: 1 graph: 0 unalign: 0\n" in table
+            f"iters: 1 agg iters: {agg} validation: {check} graph: 0 unalign: 0\n" in table
         )
         assert table.count("#  Rank ") == 2 and "# Out of bounds values : 0 OK" in table
         assert f"# Collective test concluded: {program}\n" in table
@@ -213,8 +218,12 @@ def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
     assert _rows(tables["reduce_scatter_perf"]) == [(t, "sum", "-1") for t in NCCL_TYPES]
     for program in ("broadcast_perf", "gather_perf", "scatter_perf"):
         assert _rows(tables[program]) == [(t, "none", r) for t in NCCL_TYPES for r in "01"]
-    for program in ("all_gather_perf", "alltoall_perf", "sendrecv_perf"):
+    for program in ("all_gather_perf", "alltoall_perf"):
         assert _rows(tables[program]) == [(t, "none", "-1") for t in NCCL_TYPES]
+    assert _rows(tables["sendrecv_perf"]) == [(t, "none", "-1") for t in NCCL_TYPES] * 2  # -N 2
+    assert "# Blocking Enabled: wait and barrier after each inner" in tables["all_gather_perf"]
+    assert "# Blocking Enabled: wait after each inner" in tables["alltoall_perf"]
+    assert "  cputime   algbw" in tables["alltoall_perf"]
 
 
 @pytest.mark.parametrize("argv", [["-b", "1G", "-e", "8"], ["-d", "float8"], ["-r", "2"]])
