@@ -55,12 +55,16 @@ _NEUTRAL = (
     ("-g", "ngpus", {1}, "one GPU per rank: start one rank per GPU"),
     ("-G", "cudagraph", {0}, "the collectives API does not capture CUDA graphs"),
     ("-y", "stream_null", {0}, "the collectives API runs on its communicator's stream"),
-    ("-R", "local_register", {0}, "the collectives API does not register user buffers"),
+    (
+        "-R",
+        "local_register",
+        {0},
+        "the collectives API does not register user buffers (timed rounds are --rounds)",
+    ),
     ("-D", "device_implementation", {0}, "the collectives API has no device-side API"),
     ("-M", "memory", {0}, "buffers are allocated by the array library (NumPy or CuPy)"),
     ("-u", "unalign", {0}, "buffers are the array library's, aligned as it allocates them"),
     ("-I", "per_iter_timing", {0}, "calls are timed in blocks, not one by one"),
-    ("-S", "report_timestamps", {0}, "the table has no timestamp column"),
     ("-p", "parallel_init", {0, 1}, "one thread per process: nothing to start in parallel"),
 )
 
@@ -121,6 +125,7 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
     a("-z", "--blocking", type=int, default=0, help="wait (and barrier) after each call: 0-3")
     a("-T", "--timeout", type=float, default=0, help="seconds before a call is declared hung")
     a("-C", "--report_cputime", type=int, default=0, help="label times cputime (host clock)")
+    a("-S", "--report_timestamps", type=int, default=0, help="1: a timestamp column")
     a("-J", "--output_file", "--json", dest="json", default=None, metavar="PATH",
       help="write rows + metadata as JSON (this project's layout)")  # fmt: skip
     a("-a", "--average", type=int, default=1, help="over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
@@ -179,7 +184,8 @@ def _resolve(args: argparse.Namespace) -> None:
     if args.cta_policy is not None:
         raise InvalidArgumentError("-x is not supported here: NCCL picks its CTA policy")
     for flag, value, top in (("-z", args.blocking, 3), ("-a", args.average, 3),
-                             ("-C", args.report_cputime, 1)):  # fmt: skip
+                             ("-C", args.report_cputime, 1),
+                             ("-S", args.report_timestamps, 1)):  # fmt: skip
         if not 0 <= value <= top:
             raise InvalidArgumentError(f"{flag} must be in 0..{top}, got {value}")
     args.types = _types(args.dtype)

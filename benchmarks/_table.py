@@ -86,29 +86,40 @@ _BLOCKING = {
 }
 
 
-def header(baseline: str | None = None, cputime: bool = False) -> str:
-    """nccl-tests' header: ``#`` and three commented lines; a baseline's columns after."""
+def header(baseline: str | None = None, cputime: bool = False, timestamps: bool = False) -> str:
+    """nccl-tests' header: ``#`` and three commented lines (``-C``: ``cputime``; ``-S``: a
+    ``timestamp`` column); a baseline's columns after."""
     time = "cputime" if cputime else "time"
     lead = f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}"
+    # nccl-tests' " %*s": 19 wide with timestamps, else empty
+    label, form = (f" {'timestamp':>19}", f" {TIMESTAMP:>19}") if timestamps else (" ", " ")
     lines = [
         "#",
         lead + "           out-of-place                       in-place          ",
         f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
         + f"  {time:>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2
-        + " ",
+        + label,
         f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
         + f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2
-        + " ",
+        + form,
     ]
     if baseline:
-        lines[1] += f"{f'{baseline} oop':^17}{f'{baseline} ip':^17}"
-        lines[2] += f" {'time':>7}  {'ratio':>6}" + f"  {'time':>7}  {'ratio':>6}"
-        lines[3] += f" {'(us)':>7}  {'ours/b':>6}" + f"  {'(us)':>7}  {'ours/b':>6}"
+        gap = "   " if timestamps else " "  # rows' timestamps are 21 wide, one past the label
+        lines[1] += (
+            " " * (21 if timestamps else 0) + f"{f'{baseline} oop':^17}{f'{baseline} ip':^17}"
+        )
+        lines[2] += gap + f"{'time':>7}  {'ratio':>6}" + f"  {'time':>7}  {'ratio':>6}"
+        lines[3] += gap + f"{'(us)':>7}  {'ours/b':>6}" + f"  {'(us)':>7}  {'ours/b':>6}"
     return "\n".join(lines)
 
 
-def format_row(row: dict[str, Any]) -> str:
-    """One table line: ``size count type redop root`` then both placements.
+#: nccl-tests' TIME_STRING_FORMAT, for ``-S``
+TIMESTAMP = "%Y-%m-%d %H:%M:%S"
+
+
+def format_row(row: dict[str, Any], timestamp: str | None = None) -> str:
+    """One table line: ``size count type redop root``, both placements, ``timestamp``
+    (``-S``: the local time when the row is printed), then a baseline's cells.
 
     Example:
         >>> cell = {"time_us": 1.5, "algbw": 0.01, "busbw": 0.01, "wrong": 0}
@@ -120,6 +131,8 @@ def format_row(row: dict[str, Any]) -> str:
         f"{row['size']:12d}  {row['count']:12d}  {row['type']:>8}  {row['redop']:>6}"
         f"  {row['root']:6d}" + _cell(row["out_of_place"]) + _cell(row["in_place"])
     )
+    if timestamp is not None:
+        line += f"{timestamp:>21}"
     if row.get("baseline"):
         line += _baseline_cells(row)
     return line

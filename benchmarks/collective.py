@@ -189,7 +189,8 @@ def run(
     mpi = comm.mpi_comm.Dup()  # our own barrier and reductions, apart from what is timed
     try:
         emit(_table.preamble(args, comm.backend, mpi.gather(_where(comm), root=0) or []))
-        emit(_table.header(baseline.name if baseline is not None else None, args.report_cputime))
+        name = baseline.name if baseline is not None else None
+        emit(_table.header(name, bool(args.report_cputime), bool(args.report_timestamps)))
         rows = []
         for _ in range(args.run_cycles):
             for dtype, redop, root in _cli.combinations(args, comm.size):
@@ -199,7 +200,8 @@ def run(
                     row = measure_size(comm, one, nbytes, runners, mpi, xp)
                     if row is not None:
                         rows.append(row)
-                        emit(_table.format_row(row))
+                        stamp = time.strftime(_table.TIMESTAMP) if args.report_timestamps else None
+                        emit(_table.format_row(row, stamp))
         return rows
     finally:
         mpi.Free()

@@ -10,6 +10,7 @@ and root with 0 wrong; a bad command line exits 2 with one usage line and no tra
 # ruff: noqa: UP031
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -57,7 +58,7 @@ def test_defaults_are_nccl_tests():
      ("-z", "--blocking", "2", "blocking", 2), ("-y", "--stream_null", "0", "stream_null", 0),
      ("-T", "--timeout", "30", "timeout", 30.0), ("-G", "--cudagraph", "0", "cudagraph", 0),
      ("-C", "--report_cputime", "1", "report_cputime", 1),
-     ("-S", "--report_timestamps", "0", "report_timestamps", 0),
+     ("-S", "--report_timestamps", "1", "report_timestamps", 1),
      ("-J", "--output_file", "out.json", "json", "out.json"), ("-a", "--average", "3", "average", 3),
      ("-R", "--local_register", "0", "local_register", 0),
      ("-D", "--device_implementation", "0", "device_implementation", 0),
@@ -139,9 +140,14 @@ def test_header_and_rows_are_nccl_tests_printf():
            "(GB/s)", "", ""),
     ]  # fmt: skip
     assert _table.header(cputime=True).splitlines()[2].split()[6] == "cputime"
+    stamped = _table.header(timestamps=True).splitlines()
+    assert stamped[2] == head[2][:-1] + " %*s" % (19, "timestamp")
+    assert stamped[3] == head[3][:-1] + " %*s" % (19, "%Y-%m-%d %H:%M:%S")
     cell = {"time_us": 123456.7, "algbw": 12.345, "busbw": 23.5, "wrong": 0}
     row = {"size": 33554432, "count": 8388608, "type": "float", "redop": "sum", "root": -1,
            "out_of_place": cell, "in_place": dict(cell, wrong=None)}  # fmt: skip
+    stamp = "2026-11-23 21:00:00"
+    assert _table.format_row(row, stamp) == _table.format_row(row) + "%21s" % stamp
     assert _table.format_row(row) == (
         "%12li  %12li  %8s  %6s  %6s" % (33554432, 8388608, "float", "sum", "%6i" % -1)
         + "  %7s  %6s  %6s  %6g" % (" 123457", " 12.35", " 23.50", 0)
@@ -171,7 +177,7 @@ import runpy, sys
 tiny = ["-b", "16", "-e", "16", "-n", "1", "-w", "0"]
 # the flags that change how calls are timed, each on one program
 timing = {"all_gather_perf": ["-a", "0", "-m", "2", "-z", "1", "-c", "3"],
-          "alltoall_perf": ["-a", "3", "-z", "2", "-C", "1", "-T", "30"],
+          "alltoall_perf": ["-a", "3", "-z", "2", "-C", "1", "-T", "30", "-S", "1"],
           "sendrecv_perf": ["-a", "2", "-z", "3", "-N", "2"]}
 for program, extra in (("all_reduce_perf", ["-d", "all", "-o", "all"]),
                        ("reduce_perf", ["-d", "bfloat16", "-o", "all", "-r", "all"])) + tuple(
@@ -193,6 +199,9 @@ def _rows(table: str) -> list[tuple[str, str, str]]:
         if line.startswith("#"):
             continue
         cols = line.split()
+        if len(cols) == 15:  # -S: the local time, as nccl-tests' "%Y-%m-%d %H:%M:%S"
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", " ".join(cols[13:])), line
+            cols = cols[:13]
         assert len(cols) == 13, line
         assert [cols[8], cols[12]] in (["0", "0"], ["N/A", "0"], ["0", "N/A"]), line
         rows.append((cols[2], cols[3], cols[4]))
@@ -224,6 +233,7 @@ def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
     assert "# Blocking Enabled: wait and barrier after each inner" in tables["all_gather_perf"]
     assert "# Blocking Enabled: wait after each inner" in tables["alltoall_perf"]
     assert "  cputime   algbw" in tables["alltoall_perf"]
+    assert "  #wrong           timestamp\n" in tables["alltoall_perf"]
 
 
 @pytest.mark.parametrize("argv", [["-b", "1G", "-e", "8"], ["-d", "float8"], ["-r", "2"]])
