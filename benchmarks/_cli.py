@@ -40,6 +40,7 @@ PROGRAMS = {
     "gather": "gather_perf",
     "scatter": "scatter_perf",
     "sendrecv": "sendrecv_perf",
+    "hypercube": "hypercube_perf",
 }
 #: -d aliases: NumPy's names for nccl-tests' half, float and double
 _ALIASES = {"float16": "half", "float32": "float", "float64": "double"}

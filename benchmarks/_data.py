@@ -171,7 +171,7 @@ def expected(
         return reduced(kind, size, dtype, rank * count, count)
     if op == "broadcast":
         return values(kind, root, size, dtype, 0, count)
-    if op == "all_gather" or (op == "gather" and rank == root):
+    if op in ("all_gather", "hypercube") or (op == "gather" and rank == root):
         return np.stack([values(kind, r, size, dtype, 0, count) for r in range(size)])
     if op == "all_to_all":
         return np.stack([values(kind, r, size, dtype, rank * count, count) for r in range(size)])

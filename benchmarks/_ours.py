@@ -87,6 +87,9 @@ class Ours:
             if case.inplace:
                 return (lambda: f(None, root, out=B)), lambda: b
             return (lambda: f(S, root, out=R)), lambda: r
+        if case.op == "hypercube":
+            out = b if case.inplace else r
+            return _hypercube(c, out, None if case.inplace else s, case.rank, w), lambda: out
         if case.op == "sendrecv":
             if case.inplace:
                 return None
@@ -103,6 +106,26 @@ class Ours:
 
     def close(self) -> None:
         self.comm.close()
+
+
+def _hypercube(comm: Any, out: Any, mine: Any, rank: int, wrap: Callable) -> Callable[[], None]:
+    """nccl-tests' hypercube all_gather into ``out`` (size, count): at step ``mask``, the
+    ``mask`` blocks this rank holds are swapped with those of rank ``rank ^ mask``."""
+    group, send, recv, size = comm.group, comm.send, comm.recv, comm.size
+
+    def hypercube() -> None:
+        if mine is not None:
+            out[rank] = mine
+        mask = 1
+        while mask < size:
+            held = rank & ~(mask - 1)
+            theirs = held ^ mask
+            with group():
+                send(wrap(out[held : held + mask]), rank ^ mask)
+                recv(wrap(out[theirs : theirs + mask]), rank ^ mask)
+            mask <<= 1
+
+    return hypercube
 
 
 def _same(x: Any) -> Any:

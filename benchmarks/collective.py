@@ -34,7 +34,7 @@ from collectives import InvalidArgumentError
 
 from . import _cli, _data, _report, _table
 from ._baselines import make_baseline
-from ._busbw import REDUCING, ROOTED, bandwidths, counts, row_bytes
+from ._busbw import HYPERCUBE, REDUCING, ROOTED, bandwidths, counts, row_bytes
 from ._case import Case
 from ._ours import Ours
 
@@ -92,8 +92,10 @@ def measure_size(
         (k, p): b
         for p in _table.PLACEMENTS
         for k, runner in enumerate(runners)
-        # the baselines take no bfloat16 (its data are uint16 bits): N/A in their columns
-        if (k == 0 or not _data.is_bfloat16(dtype)) and (b := runner.build(cases[p])) is not None
+        # the baselines take no bfloat16 (its data are uint16 bits) and have no hypercube:
+        # N/A in their columns
+        if (k == 0 or not (_data.is_bfloat16(dtype) or op == HYPERCUBE))
+        and (b := runner.build(cases[p])) is not None
     }
     wrong = _check_and_warm_up(built, cases, args, sync)
     seconds = _over_ranks(mpi.allgather(_time_rounds(built, args, sync, mpi.Barrier)), args)
@@ -191,7 +193,10 @@ def run(
         emit(_table.preamble(args, comm.backend, mpi.gather(_where(comm), root=0) or []))
         name = baseline.name if baseline is not None else None
         emit(_table.header(name, bool(args.report_cputime), bool(args.report_timestamps)))
-        rows = []
+        rows: list[dict[str, Any]] = []
+        if args.op == HYPERCUBE and comm.size & (comm.size - 1):
+            emit(f"nRanks {comm.size} is not a power of 2, skipping")  # as nccl-tests
+            return rows
         for _ in range(args.run_cycles):
             for dtype, redop, root in _cli.combinations(args, comm.size):
                 one = argparse.Namespace(**{**vars(args), "dtype": dtype, "redop": redop,

@@ -24,7 +24,7 @@ from tests.spmd_launcher import REPO, mpi_env, mpiexec
 TIMEOUT = 180
 PROGRAMS = ("all_reduce_perf", "all_gather_perf", "broadcast_perf", "reduce_perf",
             "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
-            "sendrecv_perf")  # fmt: skip
+            "sendrecv_perf", "hypercube_perf")  # fmt: skip
 
 
 def _parse(argv, collective="all_reduce"):
@@ -178,7 +178,8 @@ tiny = ["-b", "16", "-e", "16", "-n", "1", "-w", "0"]
 # the flags that change how calls are timed, each on one program
 timing = {"all_gather_perf": ["-a", "0", "-m", "2", "-z", "1", "-c", "3"],
           "alltoall_perf": ["-a", "3", "-z", "2", "-C", "1", "-T", "30", "-S", "1"],
-          "sendrecv_perf": ["-a", "2", "-z", "3", "-N", "2"]}
+          "sendrecv_perf": ["-a", "2", "-z", "3", "-N", "2"],
+          "hypercube_perf": ["-b", "32", "-e", "32"]}  # whole 16-byte chunks per rank
 for program, extra in (("all_reduce_perf", ["-d", "all", "-o", "all"]),
                        ("reduce_perf", ["-d", "bfloat16", "-o", "all", "-r", "all"])) + tuple(
         (p, ["-d", "all", "-r", "all", *timing.get(p, [])]) for p in sys.argv[1:]):
@@ -189,7 +190,7 @@ for program, extra in (("all_reduce_perf", ["-d", "all", "-o", "all"]),
         assert exit_.code == 0, (program, exit_.code)
 """
 OTHERS = ("all_gather_perf", "broadcast_perf", "reduce_scatter_perf", "alltoall_perf",
-          "gather_perf", "scatter_perf", "sendrecv_perf")  # fmt: skip
+          "gather_perf", "scatter_perf", "sendrecv_perf", "hypercube_perf")  # fmt: skip
 
 
 def _rows(table: str) -> list[tuple[str, str, str]]:
@@ -216,8 +217,9 @@ def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
     assert list(tables) == ["all_reduce_perf", "reduce_perf", *OTHERS]
     for program, table in tables.items():
         agg, check = ("2", "3") if program == "all_gather_perf" else ("1", "1")
+        size = 32 if program == "hypercube_perf" else 16
         assert (
-            "# nThread 1 nGpus 1 minBytes 16 maxBytes 16 step: 1048576(bytes) warmup iters: 0 "
+            f"# nThread 1 nGpus 1 minBytes {size} maxBytes {size} step: 1048576(bytes) warmup iters: 0 "
             f"iters: 1 agg iters: {agg} validation: {check} graph: 0 unalign: 0\n" in table
         )
         assert table.count("#  Rank ") == 2 and "# Out of bounds values : 0 OK" in table
@@ -227,7 +229,7 @@ def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
     assert _rows(tables["reduce_scatter_perf"]) == [(t, "sum", "-1") for t in NCCL_TYPES]
     for program in ("broadcast_perf", "gather_perf", "scatter_perf"):
         assert _rows(tables[program]) == [(t, "none", r) for t in NCCL_TYPES for r in "01"]
-    for program in ("all_gather_perf", "alltoall_perf"):
+    for program in ("all_gather_perf", "alltoall_perf", "hypercube_perf"):
         assert _rows(tables[program]) == [(t, "none", "-1") for t in NCCL_TYPES]
     assert _rows(tables["sendrecv_perf"]) == [(t, "none", "-1") for t in NCCL_TYPES] * 2  # -N 2
     assert "# Blocking Enabled: wait and barrier after each inner" in tables["all_gather_perf"]
