@@ -23,16 +23,20 @@ OPS = (
     "gather",
     "scatter",
     "sendrecv",
+    "hypercube",
 )
 #: collectives that take a reduce op (the others print ``none`` in the redop column)
 REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 #: collectives that take a root (the others print ``-1`` in the root column)
 ROOTED = frozenset({"reduce", "broadcast", "gather", "scatter"})
 
+#: nccl-tests' hypercube_perf: an all_gather made of send/recv pairs over the dimensions of
+#: a hypercube (power-of-two worlds only); the raw libraries have no such call
+HYPERCUBE = "hypercube"
 # count per rank, and the message is count * size: gathered, scattered or exchanged
 _PER_RANK = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
 # the buffer each rank receives into is size times its send buffer (and the reverse)
-_RECV_TIMES_SIZE = frozenset({"all_gather", "gather", "all_to_all"})
+_RECV_TIMES_SIZE = frozenset({"all_gather", "gather", "all_to_all", HYPERCUBE})
 _SEND_TIMES_SIZE = frozenset({"reduce_scatter", "scatter", "all_to_all"})
 
 
@@ -59,6 +63,9 @@ def counts(op: str, nbytes: int, itemsize: int, size: int) -> Counts:
     """
     _check_op(op, "counts")
     total = nbytes // itemsize
+    if op == HYPERCUBE:  # whole 16-byte chunks per rank, as nccl-tests
+        per_rank = (total // size) & ~(16 // itemsize - 1)
+        return Counts(per_rank, per_rank, per_rank * size)
     if op not in _PER_RANK:
         return Counts(total, total, total)
     per_rank = total // size
@@ -82,6 +89,8 @@ def algbw_bytes(op: str, count: int, itemsize: int, size: int) -> int:
         (1024, 1024)
     """
     _check_op(op, "algbw_bytes")
+    if op == HYPERCUBE:  # the blocks each rank receives
+        return count * itemsize * (size - 1)
     return count * itemsize * (size if op in _PER_RANK else 1)
 
 

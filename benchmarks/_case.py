@@ -56,7 +56,7 @@ class Case:
         def mine() -> np.ndarray:
             return _data.send_data(op, self.kind, self.rank, n, self.dtype, c, self.root)
 
-        gathers = op == "all_gather" or (op == "gather" and self.is_root)
+        gathers = op in ("all_gather", "hypercube") or (op == "gather" and self.is_root)
         # a non-root of gather receives nothing: its (count,) buffer only has to exist
         out_shape = (n, c) if gathers or op == "all_to_all" else (c,)
         if not self.inplace:

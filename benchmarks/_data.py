@@ -16,21 +16,63 @@ import numpy as np
 
 from collectives import InvalidArgumentError
 
+#: nccl-tests' type names (``-d`` and the ``type`` column), in its order, and their storage
+NCCL_TYPES = {
+    "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+    "uint64": "uint64", "half": "float16", "float": "float32", "double": "float64",
+    "bfloat16": "bfloat16",
+}  # fmt: skip
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64")
 REDOPS = ("sum", "prod", "max", "min", "avg")
+#: bfloat16 data: uint16 bits (NumPy and CuPy have no bfloat16), marked so that it is told
+#: apart from uint16 and handed to the collectives wrapped in ``as_bfloat16``
+BFLOAT16 = np.dtype(np.uint16, metadata={"bfloat16": True})
 
 
-def check_dtype(name: str) -> np.dtype:
-    """``"float32"`` -> ``np.dtype("float32")``, or a clear error naming the choices."""
+def is_bfloat16(dtype: np.dtype) -> bool:
+    return bool((dtype.metadata or {}).get("bfloat16"))
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The dtype of the buffers for a type name, nccl-tests' or NumPy's.
+
+    Example:
+        >>> storage_dtype("half"), storage_dtype("float32")
+        (dtype('float16'), dtype('float32'))
+    """
+    name = NCCL_TYPES.get(name, name)
+    if name == "bfloat16":
+        return BFLOAT16
     if name not in DTYPES:
         raise InvalidArgumentError(
-            f"benchmark: dtype (-d) must be one of {', '.join(DTYPES)}, got {name!r}"
+            f"benchmark: dtype (-d) must be one of {', '.join(NCCL_TYPES)}, got {name!r}"
         )
     return np.dtype(name)
 
 
+def type_name(dtype: np.dtype) -> str:
+    """nccl-tests' name for a storage dtype: ``float``, ``half``, ``bfloat16``..."""
+    if is_bfloat16(dtype):
+        return "bfloat16"
+    return next(nccl for nccl, numpy in NCCL_TYPES.items() if numpy == dtype.name)
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the patterns are computed in: float32 for bfloat16 (exact, then truncated)."""
+    return np.dtype(np.float32) if is_bfloat16(dtype) else dtype
+
+
+def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if is_bfloat16(dtype):
+        # the top half of a float32 is its bfloat16; exact for the small integers used here
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(dtype)
+
+
 def _exact_limit(dtype: np.dtype) -> int:
     """The largest integer every value up to which the dtype holds exactly."""
+    if is_bfloat16(dtype):
+        return 256
     if dtype.kind == "f":
         return 2 ** (np.finfo(dtype).nmant + 1)
     return int(np.iinfo(dtype).max)
@@ -57,7 +99,7 @@ def _pattern(kind: str, rank: int, size: int, dtype: np.dtype) -> np.ndarray:
         raise InvalidArgumentError(
             f"benchmark: reduce op (-o) must be one of {', '.join(REDOPS)}, got {kind!r}"
         )
-    return values.astype(dtype)
+    return _cast(values, _compute_dtype(dtype))
 
 
 def _stretch(period: np.ndarray, start: int, length: int) -> np.ndarray:
@@ -71,7 +113,7 @@ def values(kind: str, rank: int, size: int, dtype: np.dtype, start: int, length:
         >>> values("none", 1, 2, np.dtype("int32"), 0, 4)
         array([31, 32, 33, 34], dtype=int32)
     """
-    return _stretch(_pattern(kind, rank, size, dtype), start, length)
+    return _cast(_stretch(_pattern(kind, rank, size, dtype), start, length), dtype)
 
 
 def reduced(kind: str, size: int, dtype: np.dtype, start: int, length: int) -> np.ndarray:
@@ -83,17 +125,19 @@ def reduced(kind: str, size: int, dtype: np.dtype, start: int, length: int) -> n
     """
     periods = [_pattern(kind, r, size, dtype) for r in range(size)]
     if kind == "avg":
-        result = (np.arange(periods[0].size) % 3 + 1).astype(dtype)
+        result = (np.arange(periods[0].size) % 3 + 1).astype(_compute_dtype(dtype))
     else:
         combine = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[kind]
         result = periods[0].copy()
         for period in periods[1:]:
             combine(result, period, out=result)
-    return _stretch(result, start, length)
+    return _cast(_stretch(result, start, length), dtype)
 
 
 def sentinel(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A receive buffer no correct result matches: NaN, or the integer maximum."""
+    if is_bfloat16(dtype):
+        return np.full(shape, 0x7FC0, np.uint16)  # bfloat16 NaN
     fill = np.nan if dtype.kind == "f" else np.iinfo(dtype).max
     return np.full(shape, fill, dtype)
 
@@ -127,7 +171,7 @@ def expected(
         return reduced(kind, size, dtype, rank * count, count)
     if op == "broadcast":
         return values(kind, root, size, dtype, 0, count)
-    if op == "all_gather" or (op == "gather" and rank == root):
+    if op in ("all_gather", "hypercube") or (op == "gather" and rank == root):
         return np.stack([values(kind, r, size, dtype, 0, count) for r in range(size)])
     if op == "all_to_all":
         return np.stack([values(kind, r, size, dtype, rank * count, count) for r in range(size)])

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from collectives import as_bfloat16
+
 from ._case import Case
+from ._data import is_bfloat16
 
 #: (the call to time, what to check after it): built once per case, called many times
 Built = tuple[Callable[[], Any], Callable[[], Any]]
@@ -27,55 +30,66 @@ class Ours:
         """The call and its result getter, or None where the API has no such form
         (broadcast out of place, sendrecv in place)."""
         c, op, root, s, r, b = self.comm, case.redop, case.root, case.send, case.recv, case.buf
+        # bfloat16 buffers are uint16 bits: the calls get them wrapped, the checks read the bits
+        w = as_bfloat16 if is_bfloat16(case.dtype) else _same
+        S, R, B = (None if x is None else w(x) for x in (s, r, b))
         # bound methods up front so that the timed loop pays what a user's loop pays
         if case.op == "all_reduce":
             f = c.all_reduce
             if case.inplace:
-                return (lambda: f(b, op)), lambda: b
-            return (lambda: f(s, op, out=r)), lambda: r
+                return (lambda: f(B, op)), lambda: b
+            return (lambda: f(S, op, out=R)), lambda: r
         if case.op == "reduce":
             f = c.reduce
             mine = (lambda: b if case.inplace else r) if case.is_root else (lambda: None)
             if case.inplace:
-                return (lambda: f(b, root, op)), mine
-            return (lambda: f(s, root, op, out=r)), mine
+                return (lambda: f(B, root, op)), mine
+            return (lambda: f(S, root, op, out=R)), mine
         if case.op == "broadcast":
             f = c.broadcast
-            return ((lambda: f(b, root)), lambda: b) if case.inplace else None
+            return ((lambda: f(B, root)), lambda: b) if case.inplace else None
         if case.op == "all_gather":
             f = c.all_gather
             if case.inplace:
                 own = b[case.rank]
-                return (lambda: f(own, out=b)), lambda: b
-            return (lambda: f(s, out=r)), lambda: r
+                OWN = w(own)
+                return (lambda: f(OWN, out=B)), lambda: b
+            return (lambda: f(S, out=R)), lambda: r
         if case.op == "reduce_scatter":
             f = c.reduce_scatter
             if case.inplace:
                 own = b[case.rank]
-                return (lambda: f(b, op, out=own)), lambda: own
-            return (lambda: f(s, op, out=r)), lambda: r
+                OWN = w(own)
+                return (lambda: f(B, op, out=OWN)), lambda: own
+            return (lambda: f(S, op, out=R)), lambda: r
         if case.op == "all_to_all":
             f = c.all_to_all
             if case.inplace:
-                return (lambda: f(b, out=b)), lambda: b
-            return (lambda: f(s, out=r)), lambda: r
+                return (lambda: f(B, out=B)), lambda: b
+            return (lambda: f(S, out=R)), lambda: r
         if case.op == "gather":
             f = c.gather
             if not case.is_root:
                 x = b if case.inplace else s
-                return (lambda: f(x, root)), lambda: None
+                X = w(x)
+                return (lambda: f(X, root)), lambda: None
             if case.inplace:
                 own = b[case.rank]
-                return (lambda: f(own, root, out=b)), lambda: b
-            return (lambda: f(s, root, out=r)), lambda: r
+                OWN = w(own)
+                return (lambda: f(OWN, root, out=B)), lambda: b
+            return (lambda: f(S, root, out=R)), lambda: r
         if case.op == "scatter":
             f = c.scatter
             if case.inplace and case.is_root:
                 own = b[case.rank]
-                return (lambda: f(b, root, out=own)), lambda: own
+                OWN = w(own)
+                return (lambda: f(B, root, out=OWN)), lambda: own
             if case.inplace:
-                return (lambda: f(None, root, out=b)), lambda: b
-            return (lambda: f(s, root, out=r)), lambda: r
+                return (lambda: f(None, root, out=B)), lambda: b
+            return (lambda: f(S, root, out=R)), lambda: r
+        if case.op == "hypercube":
+            out = b if case.inplace else r
+            return _hypercube(c, out, None if case.inplace else s, case.rank, w), lambda: out
         if case.op == "sendrecv":
             if case.inplace:
                 return None
@@ -84,11 +98,35 @@ class Ours:
 
             def sendrecv() -> None:
                 with group():
-                    send(s, nxt)
-                    recv(r, prv)
+                    send(S, nxt)
+                    recv(R, prv)
 
             return sendrecv, lambda: r
         return None
 
     def close(self) -> None:
         self.comm.close()
+
+
+def _hypercube(comm: Any, out: Any, mine: Any, rank: int, wrap: Callable) -> Callable[[], None]:
+    """nccl-tests' hypercube all_gather into ``out`` (size, count): at step ``mask``, the
+    ``mask`` blocks this rank holds are swapped with those of rank ``rank ^ mask``."""
+    group, send, recv, size = comm.group, comm.send, comm.recv, comm.size
+
+    def hypercube() -> None:
+        if mine is not None:
+            out[rank] = mine
+        mask = 1
+        while mask < size:
+            held = rank & ~(mask - 1)
+            theirs = held ^ mask
+            with group():
+                send(wrap(out[held : held + mask]), rank ^ mask)
+                recv(wrap(out[theirs : theirs + mask]), rank ^ mask)
+            mask <<= 1
+
+    return hypercube
+
+
+def _same(x: Any) -> Any:
+    return x

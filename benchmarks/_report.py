@@ -62,7 +62,7 @@ def metadata(comm: Any, args: Any, argv: list[str]) -> dict[str, Any]:
         "host": hosts[0],
         "hosts": sorted(set(hosts)),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join(["python -m benchmarks.collective", *argv]),
+        "command": " ".join([args.prog, *argv]),
         "platform": platform.platform(),
         "cpu_count": _cpu_count(),
         "versions": library_versions(comm.backend),

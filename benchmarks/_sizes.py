@@ -7,6 +7,8 @@ import re
 from collectives import InvalidArgumentError
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+#: nccl-tests' default step bytes (-i), used when the step factor is 1
+DEFAULT_STEP = 1 << 20
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
@@ -32,7 +34,8 @@ def size_sweep(
 ) -> list[int]:
     """The sizes nccl-tests visits: ``min_bytes`` times ``factor`` (or plus ``step``) up to max.
 
-    With neither ``factor`` nor ``step`` the factor is 2.
+    As in nccl-tests, a factor above 1 wins over ``step``; a factor of 1 adds ``step``
+    (1 MiB unless given). With neither, the factor is 2.
 
     Example:
         >>> size_sweep(8, 64, factor=2)
@@ -46,18 +49,15 @@ def size_sweep(
         raise InvalidArgumentError(
             f"size_sweep: max_bytes (-e) must be >= min_bytes (-b) = {min_bytes}, got {max_bytes}"
         )
-    if factor is not None and step is not None:
-        raise InvalidArgumentError(
-            f"size_sweep: give a step factor (-f) or step bytes (-i), not both; got -f {factor} "
-            f"and -i {step}"
-        )
-    if step is not None:
+    if factor is None:
+        factor = 1 if step is not None else 2
+    if factor < 1:
+        raise InvalidArgumentError(f"size_sweep: step factor (-f) must be >= 1, got {factor}")
+    if factor == 1:
+        step = DEFAULT_STEP if step is None else step
         if step < 1:
             raise InvalidArgumentError(f"size_sweep: step bytes (-i) must be >= 1, got {step}")
         return list(range(min_bytes, max_bytes + 1, step))
-    factor = 2 if factor is None else factor
-    if factor < 2:
-        raise InvalidArgumentError(f"size_sweep: step factor (-f) must be >= 2, got {factor}")
     sizes = []
     size = min_bytes
     while size <= max_bytes:

@@ -14,25 +14,37 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ._cli import PROGRAMS
+
 PLACEMENTS = ("out_of_place", "in_place")
 
 
+def float_str(value: float, width: int) -> str:
+    """A number in ``width`` characters as nccl-tests prints it (``getFloatStr``): 2
+    decimals if they fit, else 1, else none, else an exponent.
+
+    Example:
+        >>> float_str(1.234, 7), float_str(12345.67, 7), float_str(12345678.0, 6)
+        ('   1.23', '12345.7', ' 1e+07')
+    """
+    for fmt in (".2f", ".1f", ".0f"):
+        text = f"{value:{width}{fmt}}"
+        if len(text) <= width:
+            return text
+    return f"{value:{width}{'.1e' if width >= 7 else '.0e'}}"
+
+
 def format_time(us: float) -> str:
-    """Microseconds with nccl-tests' precision: 2 decimals below 100, 1 below 10000."""
-    if us >= 10000.0:
-        return f"{us:7.0f}"
-    if us >= 100.0:
-        return f"{us:7.1f}"
-    return f"{us:7.2f}"
+    """Microseconds in nccl-tests' 7 characters."""
+    return float_str(us, 7)
 
 
 def _cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}"
-    wrong = "N/A" if cell["wrong"] is None else str(cell["wrong"])
-    return (
-        f"  {format_time(cell['time_us'])}  {cell['algbw']:6.2f}  {cell['busbw']:6.2f}  {wrong:>6}"
-    )
+    body = f"  {format_time(cell['time_us'])}  {float_str(cell['algbw'], 6)}  "
+    body += float_str(cell["busbw"], 6)
+    return body + ("    N/A" if cell["wrong"] is None else f"  {cell['wrong']:6g}")
 
 
 def _baseline_cells(row: dict[str, Any]) -> str:
@@ -44,35 +56,85 @@ def _baseline_cells(row: dict[str, Any]) -> str:
     return out
 
 
-def header(baseline: str | None = None) -> str:
-    """The three commented header lines (four with a baseline)."""
+def preamble(args: Any, backend: str, where: list[tuple], nodes: str | None = None) -> str:
+    """nccl-tests' lines before the table: the run's settings and one line per rank
+    (``where``: rank, pid, host, device, PCI id, device name; ``nodes``: a hierarchical
+    view's nodes in words)."""
+    program = PROGRAMS[args.op]
+    extra = f" rounds: {args.rounds} ({args.stat})" if args.rounds > 1 else ""
     lines = [
-        f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}{'out-of-place':^33}{'in-place':^33}",
-        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
-        + f"  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2,
-        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
-        + f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2,
+        f"# collectives benchmark, nccl-tests output; backend {backend}{extra}"
+        + (f", hierarchical over {nodes}" if nodes else "")
+        + (f" baseline: {args.baseline}" if args.baseline else ""),
+        f"# Collective test starting: {program}",
+        f"# nThread 1 nGpus 1 minBytes {args.minbytes} maxBytes {args.maxbytes} step: "
+        f"{args.step} warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: "
+        f"{args.agg_iters} validation: {args.check} graph: 0 unalign: 0",
     ]
-    if baseline:
-        lines[0] += f"{f'{baseline} oop':^17}{f'{baseline} ip':^17}"
-        lines[1] += f"  {'time':>7}  {'ratio':>6}" * 2
-        lines[2] += f"  {'(us)':>7}  {'ours/b':>6}" * 2
+    lines += [_BLOCKING[args.blocking]] if args.blocking else []
+    lines += ["#", "# Using devices"]
+    for rank, pid, host, device, bus, name in where:
+        lines.append(
+            f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {host:>10} device {device:2d} [{bus}] {name}"
+        )
     return "\n".join(lines)
 
 
-def format_row(row: dict[str, Any]) -> str:
-    """One table line: ``size count type redop root`` then both placements.
+_BLOCKING = {
+    1: "# Blocking Enabled: wait and barrier after each inner iteration (-m) ",
+    2: "# Blocking Enabled: wait after each inner iteration (-m), no barrier ",
+    3: "# Blocking Enabled: wait and barrier after each outer iteration (-n); "
+    "time excludes barrier ",
+}
+
+
+def header(baseline: str | None = None, cputime: bool = False, timestamps: bool = False) -> str:
+    """nccl-tests' header: ``#`` and three commented lines (``-C``: ``cputime``; ``-S``: a
+    ``timestamp`` column); a baseline's columns after."""
+    time = "cputime" if cputime else "time"
+    lead = f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}"
+    # nccl-tests' " %*s": 19 wide with timestamps, else empty
+    label, form = (f" {'timestamp':>19}", f" {TIMESTAMP:>19}") if timestamps else (" ", " ")
+    lines = [
+        "#",
+        lead + "           out-of-place                       in-place          ",
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
+        + f"  {time:>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2
+        + label,
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
+        + f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2
+        + form,
+    ]
+    if baseline:
+        gap = "   " if timestamps else " "  # rows' timestamps are 21 wide, one past the label
+        lines[1] += (
+            " " * (21 if timestamps else 0) + f"{f'{baseline} oop':^17}{f'{baseline} ip':^17}"
+        )
+        lines[2] += gap + f"{'time':>7}  {'ratio':>6}" + f"  {'time':>7}  {'ratio':>6}"
+        lines[3] += gap + f"{'(us)':>7}  {'ours/b':>6}" + f"  {'(us)':>7}  {'ours/b':>6}"
+    return "\n".join(lines)
+
+
+#: nccl-tests' TIME_STRING_FORMAT, for ``-S``
+TIMESTAMP = "%Y-%m-%d %H:%M:%S"
+
+
+def format_row(row: dict[str, Any], timestamp: str | None = None) -> str:
+    """One table line: ``size count type redop root``, both placements, ``timestamp``
+    (``-S``: the local time when the row is printed), then a baseline's cells.
 
     Example:
         >>> cell = {"time_us": 1.5, "algbw": 0.01, "busbw": 0.01, "wrong": 0}
-        >>> format_row({"size": 8, "count": 2, "type": "float32", "redop": "sum",
+        >>> format_row({"size": 8, "count": 2, "type": "float", "redop": "sum",
         ...             "root": -1, "out_of_place": cell, "in_place": None})
-        '           8             2   float32     sum      -1     1.50    0.01    0.01       0      N/A     N/A     N/A     N/A'
+        '           8             2     float     sum      -1     1.50    0.01    0.01       0      N/A     N/A     N/A     N/A'
     """
     line = (
-        f"  {row['size']:>10}  {row['count']:>12}  {row['type']:>8}  {row['redop']:>6}"
-        f"  {row['root']:>6}" + _cell(row["out_of_place"]) + _cell(row["in_place"])
+        f"{row['size']:12d}  {row['count']:12d}  {row['type']:>8}  {row['redop']:>6}"
+        f"  {row['root']:6d}" + _cell(row["out_of_place"]) + _cell(row["in_place"])
     )
+    if timestamp is not None:
+        line += f"{timestamp:>21}"
     if row.get("baseline"):
         line += _baseline_cells(row)
     return line
@@ -84,6 +146,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     wrong = sum(cell["wrong"] or 0 for cell in cells)
     out: dict[str, Any] = {
         "wrong": wrong,
+        "failed": sum(1 for cell in cells if cell["wrong"]),
         "avg_busbw": statistics.fmean(c["busbw"] for c in cells) if cells else 0.0,
     }
     based = [row for row in rows if row.get("baseline")]
@@ -103,10 +166,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def footer(totals: dict[str, Any]) -> str:
-    """nccl-tests' closing lines: out-of-bounds count and ``Avg bus bandwidth``."""
+def footer(totals: dict[str, Any], program: str = "") -> str:
+    """nccl-tests' closing lines: how many results were wrong, ``Avg bus bandwidth``, and
+    (given ``program``) the ``Collective test concluded`` line; with a baseline, its lines
+    before that and the :func:`verdict` after it."""
     lines = [
-        f"# Out of bounds values : {totals['wrong']} {'FAILED' if totals['wrong'] else 'OK'}",
+        f"# Out of bounds values : {totals['failed']} {'FAILED' if totals['failed'] else 'OK'}",
         f"# Avg bus bandwidth    : {totals['avg_busbw']:g} ",
     ]
     if "baseline" in totals:
@@ -120,7 +185,10 @@ def footer(totals: dict[str, Any]) -> str:
         lines.append(
             f"# Median time ratio ours/{name} : {'N/A' if ratio is None else f'{ratio:.3f}'}"
         )
-        lines.append(verdict(totals))
+    if program:
+        lines += ["#", f"# Collective test concluded: {program}"]
+    if "baseline" in totals:
+        lines.append(verdict(totals))  # last: the line to read at a glance
     return "\n".join(lines)
 
 

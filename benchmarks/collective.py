@@ -6,12 +6,15 @@ Run it (the table goes to rank 0's stdout)::
     mpiexec -n 2 python -m benchmarks.collective -b 8 -e 16M -f 4 --baseline mpi4py \\
         --json out.json --plot out.png
 
-Each size: every form of the call (out of place, in place) is run once on fresh data and
-its result compared element by element with a NumPy reference (``#wrong``); then, after
-``-w`` warm-up calls, ``-n`` calls are timed between a barrier and a synchronisation of the
-device, and the per-call time is averaged over ranks. With ``--baseline``, the raw library
+nccl-tests' programs (``python -m benchmarks.all_reduce_perf`` and the others) are this
+``main`` with the collective fixed and nccl-tests' defaults; both parse ``_cli``'s command
+line. Each (type, reduce op, root) and size: every form of the call (out of place, in place)
+is run ``-c`` times on fresh data and its result compared element by element with a NumPy
+reference (``#wrong``); then, after ``-w`` warm-up calls, ``-n`` times ``-m`` calls are
+timed between a barrier and a synchronisation of the device, and the per-call time is
+combined over ranks as ``-a`` says (the mean by default). With ``--baseline``, the raw library
 runs on the same buffers in the same process, its timed blocks interleaved with ours
-(``-R`` rounds, alternating which goes first), and each time reported is the median (or,
+(``--rounds``, alternating which goes first), and each time reported is the median (or,
 with ``--stat min``, the best) of the rounds.
 """
 
@@ -29,69 +32,21 @@ import numpy as np
 
 from collectives import InvalidArgumentError
 
-from . import _data, _report, _table
-from ._baselines import BASELINES, make_baseline
-from ._busbw import OPS, REDUCING, ROOTED, bandwidths, counts, row_bytes
+from . import _cli, _data, _report, _table
+from ._baselines import make_baseline
+from ._busbw import HYPERCUBE, REDUCING, ROOTED, bandwidths, counts, row_bytes
 from ._case import Case
 from ._ours import Ours
-from ._sizes import parse_size, size_sweep
-
-
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line, with nccl-tests' flag names."""
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.collective",
-        description="Time and check a collective over a sweep of sizes, as nccl-tests does.",
-    )
-    p.add_argument("--op", default="all_reduce", choices=OPS, help="collective (all_reduce)")
-    p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="min size, e.g. 8, 128K")
-    p.add_argument("-e", "--maxbytes", type=_size_arg, default=32 << 20, help="max size (32M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=None, help="size factor (2)")
-    p.add_argument("-i", "--stepbytes", type=_size_arg, default=None, help="size increment")
-    p.add_argument("-o", "--op-reduce", dest="redop", default="sum", choices=_data.REDOPS)
-    p.add_argument("-d", "--datatype", dest="dtype", default="float32", choices=_data.DTYPES)
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per block (20)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up calls (5)")
-    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="check (1)")
-    p.add_argument("-r", "--root", type=int, default=0, help="root of rooted ops (0)")
-    p.add_argument("--backend", default="auto", choices=("auto", "mpi", "nccl"))
-    p.add_argument(
-        "--algorithm", default="flat", choices=("flat", "hierarchical"),
-        help="hierarchical: all_reduce, reduce_scatter, all_gather through col.hierarchical "
-        "(nodes: the shared-memory split, or COLLECTIVES_RANKS_PER_NODE)",
-    )  # fmt: skip
-    p.add_argument(
-        "--baseline", default=None, choices=(*BASELINES, "flat"),
-        help="raw library to compare (flat: this library's flat calls, for --algorithm)",
-    )  # fmt: skip
-    p.add_argument(
-        "-R", "--rounds", type=int, default=None,
-        help="timed blocks per size and form (1; 5 with --baseline)",
-    )  # fmt: skip
-    p.add_argument("--stat", default="median", choices=("median", "min"), help="over rounds")
-    p.add_argument("--json", default=None, metavar="PATH", help="write rows + metadata")
-    p.add_argument("--plot", default=None, metavar="PATH", help="draw busbw vs size (PNG)")
-    return p
+    """The command line: nccl-tests' flags, with ``--op`` naming the collective."""
+    return _cli.parser(None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parsed flags, with the sweep resolved into ``args.sizes``; bad values raise."""
-    args = parser().parse_args(argv)
-    args.sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
-    if args.rounds is None:
-        args.rounds = 5 if args.baseline else 1
-    for flag, value, least in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
-                               ("-R", args.rounds, 1)):  # fmt: skip
-        if value < least:
-            raise InvalidArgumentError(f"benchmark: {flag} must be >= {least}, got {value}")
-    return args
+    """Parsed flags, with the sweep resolved into ``args.sizes``; bad values exit 2."""
+    return _cli.parse_args(argv, None)
 
 
 def _synchronizer(xp: Any) -> Callable[[], None]:
@@ -120,9 +75,8 @@ def _cell(op: str, count: int, dtype: np.dtype, size: int, seconds: float, wrong
 def measure_size(
     comm: Any, args: argparse.Namespace, nbytes: int, runners: list[Any], mpi: Any, xp: Any
 ) -> dict[str, Any] | None:
-    """One row of the table (None when ``nbytes`` holds no element per rank)."""
-    from mpi4py import MPI
-
+    """One row of the table (None when ``nbytes`` holds no element per rank); ``args``
+    holds one type, reduce op and root."""
     op, dtype, n = args.op, np.dtype(args.dtype), comm.size
     c = counts(op, nbytes, dtype.itemsize, n)
     if c.count == 0:
@@ -138,13 +92,14 @@ def measure_size(
         (k, p): b
         for p in _table.PLACEMENTS
         for k, runner in enumerate(runners)
-        if (b := runner.build(cases[p])) is not None
+        # the baselines take no bfloat16 (its data are uint16 bits) and have no hypercube:
+        # N/A in their columns
+        if (k == 0 or not (_data.is_bfloat16(dtype) or op == HYPERCUBE))
+        and (b := runner.build(cases[p])) is not None
     }
     wrong = _check_and_warm_up(built, cases, args, sync)
-    seconds = _time_rounds(built, args, sync, mpi.Barrier)
-    mpi.Allreduce(MPI.IN_PLACE, seconds, MPI.SUM)
-    mpi.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
-    seconds /= n  # the mean over ranks, as nccl-tests reports
+    seconds = _over_ranks(mpi.allgather(_time_rounds(built, args, sync, mpi.Barrier)), args)
+    wrong = np.sum(mpi.allgather(wrong), axis=0)
     pick = statistics.median if args.stat == "median" else min
     cells = {
         key: _cell(op, c.count, dtype, n, pick(seconds[:, j].tolist()),
@@ -154,7 +109,7 @@ def measure_size(
     row: dict[str, Any] = {
         "size": row_bytes(c, dtype.itemsize),
         "count": c.count,
-        "type": dtype.name,
+        "type": _data.type_name(dtype),
         "redop": args.redop if op in REDUCING else "none",
         "root": args.root if op in ROOTED else -1,
     }
@@ -174,16 +129,24 @@ def measure_size(
     return row
 
 
+def _over_ranks(per_rank: list[np.ndarray], args: argparse.Namespace) -> np.ndarray:
+    """Each rank's seconds made one, as nccl-tests' ``-a``: rank 0's, the mean, min or max."""
+    stacked = np.stack(per_rank)
+    return [stacked[0], stacked.mean(0), stacked.min(0), stacked.max(0)][args.average]
+
+
 def _check_and_warm_up(built: dict, cases: dict, args: argparse.Namespace, sync) -> np.ndarray:
-    """Run each form once on fresh data and count wrong elements; then the warm-up calls."""
+    """Run each form ``-c`` times (once with ``-c 0``) on fresh data and count wrong
+    elements; then the warm-up calls."""
     wrong = np.zeros(len(built), np.int64)
     for j, ((_, p), (call, result)) in enumerate(built.items()):
-        cases[p].reset()
-        sync()
-        call()
-        sync()
-        if args.check:
-            wrong[j] = _data.count_wrong(result(), cases[p].expected())
+        for _ in range(max(1, args.check)):
+            cases[p].reset()
+            sync()
+            call()
+            sync()
+            if args.check:
+                wrong[j] += _data.count_wrong(result(), cases[p].expected())
         for _ in range(args.warmup_iters):
             call()
         sync()
@@ -199,8 +162,19 @@ def _time_rounds(built: dict, args: argparse.Namespace, sync, barrier) -> np.nda
             js = [j for j, key in enumerate(keys) if key[1] == p]
             # odd rounds run the baseline first, so that neither side always follows the other
             for j in js if r % 2 == 0 else reversed(js):
-                seconds[r, j] = _time_block(built[keys[j]][0], args.iters, sync, barrier)
+                call = _blocking(built[keys[j]][0], args.blocking, sync, barrier)
+                seconds[r, j] = _time_block(call, args.iters * args.agg_iters, sync, barrier)
     return seconds
+
+
+def _blocking(call: Callable[[], Any], mode: int, sync, barrier) -> Callable[[], Any]:
+    """nccl-tests' ``-z``: wait for the device after each call, and (1, 3) barrier too."""
+    if mode == 0:
+        return call
+    if mode == 2:
+        return lambda: (call(), sync())
+
+    return lambda: (call(), sync(), barrier())
 
 
 def run(
@@ -209,26 +183,42 @@ def run(
     baseline: Any = None,
     emit: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """The whole sweep; ``emit`` gets the table line by line (pass a no-op off rank 0)."""
-    if not 0 <= args.root < comm.size:
-        raise InvalidArgumentError(
-            f"benchmark: root (-r) must be in [0, {comm.size}), got {args.root}"
-        )
+    """The whole sweep, ``-N`` times: every size for each (type, reduce op, root), in one
+    table; ``emit`` gets it line by line (pass a no-op off rank 0)."""
+    check_roots(args, comm.size)
     xp = np if comm.backend == "mpi" else _cupy()
     runners = [Ours(comm)] + ([baseline] if baseline is not None else [])
     mpi = comm.mpi_comm.Dup()  # our own barrier and reductions, apart from what is timed
     try:
-        emit(_preamble(comm, args, mpi))
-        emit(_table.header(baseline.name if baseline is not None else None))
-        rows = []
-        for nbytes in args.sizes:
-            row = measure_size(comm, args, nbytes, runners, mpi, xp)
-            if row is not None:
-                rows.append(row)
-                emit(_table.format_row(row))
+        where = mpi.gather(_where(comm), root=0) or []
+        emit(_table.preamble(args, comm.backend, where, getattr(comm, "described", None)))
+        name = baseline.name if baseline is not None else None
+        emit(_table.header(name, bool(args.report_cputime), bool(args.report_timestamps)))
+        rows: list[dict[str, Any]] = []
+        if args.op == HYPERCUBE and comm.size & (comm.size - 1):
+            emit(f"nRanks {comm.size} is not a power of 2, skipping")  # as nccl-tests
+            return rows
+        for _ in range(args.run_cycles):
+            for dtype, redop, root in _cli.combinations(args, comm.size):
+                one = argparse.Namespace(**{**vars(args), "dtype": dtype, "redop": redop,
+                                            "root": max(root, 0)})  # fmt: skip
+                for nbytes in args.sizes:
+                    row = measure_size(comm, one, nbytes, runners, mpi, xp)
+                    if row is not None:
+                        rows.append(row)
+                        stamp = time.strftime(_table.TIMESTAMP) if args.report_timestamps else None
+                        emit(_table.format_row(row, stamp))
         return rows
     finally:
         mpi.Free()
+
+
+def check_roots(args: argparse.Namespace, size: int) -> None:
+    """Every root (-r) of a rooted collective must be a rank of this world (the others
+    ignore it, as in nccl-tests)."""
+    for root in args.roots if args.op in ROOTED and args.roots else []:
+        if root >= size:
+            raise InvalidArgumentError(f"benchmark: root (-r) must be in [0, {size}), got {root}")
 
 
 def _cupy():
@@ -237,42 +227,37 @@ def _cupy():
     return cupy
 
 
-def _preamble(comm: Any, args: argparse.Namespace, mpi: Any) -> str:
-    where = mpi.gather((comm.rank, os.getpid(), socket.gethostname(), comm.device), root=0)
-    step = (
-        f"{args.stepfactor or 2}(factor)" if args.stepbytes is None else f"{args.stepbytes}(bytes)"
-    )
-    nodes = getattr(comm, "described", None)  # a hierarchical view: its nodes in words
-    how = "" if nodes is None else f", hierarchical over {nodes}"
-    lines = [
-        f"# collectives benchmark: {args.op}, backend {comm.backend}, {comm.size} ranks{how}",
-        f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {step} "
-        f"warmup iters: {args.warmup_iters} iters: {args.iters} rounds: {args.rounds} "
-        f"({args.stat}) validation: {args.check}"
-        + (f" baseline: {args.baseline}" if args.baseline else ""),
-        "#",
-    ]
-    for rank, pid, host, device in where or []:
-        dev = "cpu" if device is None else f"{device}"
-        lines.append(f"#  Rank {rank:2d} Pid {pid:6d} on {host:>10} device {dev}")
-    lines.append("#")
-    return "\n".join(lines)
+def _where(comm: Any) -> tuple[int, int, str, int, str, str]:
+    """This rank's line of ``# Using devices``: rank, pid, host, device, PCI id, its name."""
+    host = socket.gethostname()
+    if comm.device is None:
+        return comm.rank, os.getpid(), host, -1, "0000:00:00", "CPU"
+    cupy = _cupy()
+    device = cupy.cuda.Device(comm.device)
+    name = cupy.cuda.runtime.getDeviceProperties(comm.device)["name"]
+    bus = device.pci_bus_id.lower().rsplit(".", 1)[0]  # 0000:3b:00.0 -> 0000:3b:00
+    return comm.rank, os.getpid(), host, comm.device, bus, name.decode(errors="replace")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark as the command line says; 1 if any result was wrong.
+def main(argv: list[str] | None = None, collective: str | None = None) -> int:
+    """Run the benchmark as the command line says; 1 if any result was wrong, 2 if the
+    command line is bad. ``collective``: the ``*_perf`` program's (None: ``--op``).
 
     Example:
         $ mpiexec -n 2 python -m benchmarks.collective --op all_gather -b 1K -e 1M -f 4
     """
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    args = _cli.parse_args(argv, collective)
     import collectives as col
 
-    world = col.init(backend=args.backend)
+    world = col.init(backend=args.backend, **({"timeout": args.timeout} if args.timeout else {}))
     baseline = None
     comm: Any = world
     try:
+        try:
+            check_roots(args, world.size)  # every rank fails alike: nobody waits on another
+        except InvalidArgumentError as exc:
+            _cli.usage_error(collective, str(exc).removeprefix("benchmark: "))
         if args.algorithm == "hierarchical":
             comm = col.hierarchical(world)
         xp = np if comm.backend == "mpi" else _cupy()
@@ -286,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(comm, args, baseline, emit=(lambda s: print(s, flush=True)) if lead else _quiet)
         totals = _table.summary(rows)
         if lead:
-            print(_table.footer(totals), flush=True)
+            print(_table.footer(totals, _cli.PROGRAMS[args.op]), flush=True)
             if args.json:
                 _report.write_json(args.json, meta, rows, totals)
             if args.plot:

@@ -11,7 +11,11 @@ from collectives import InvalidArgumentError
 FACTOR_4 = {
     "all_reduce": 1.5, "reduce": 1.0, "broadcast": 1.0, "sendrecv": 1.0, "all_gather": 0.75,
     "reduce_scatter": 0.75, "all_to_all": 0.75, "gather": 0.75, "scatter": 0.75,
+    "hypercube": 1.0,
 }  # fmt: skip
+# algbw's bytes over count * itemsize, for n = 4: per-rank counts times n; hypercube n - 1
+BYTES_4 = {"all_gather": 4, "reduce_scatter": 4, "all_to_all": 4, "gather": 4, "scatter": 4,
+           "hypercube": 3}  # fmt: skip
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -31,7 +35,7 @@ def test_bus_factor_all_reduce_two_ranks():
      ("broadcast", (256, 256, 256)), ("sendrecv", (256, 256, 256)),
      ("all_gather", (64, 64, 256)), ("gather", (64, 64, 256)),
      ("reduce_scatter", (64, 256, 64)), ("scatter", (64, 256, 64)),
-     ("all_to_all", (64, 256, 256))],
+     ("all_to_all", (64, 256, 256)), ("hypercube", (64, 64, 256))],
 )  # fmt: skip
 def test_counts(op, expected):
     c = counts(op, 1024, 4, 4)
@@ -44,14 +48,16 @@ def test_counts_round_down():
     c = counts("all_gather", 100, 4, 4)
     assert (c.count, c.recv, row_bytes(c, 4)) == (6, 24, 96)
     assert counts("all_reduce", 7, 4, 2).count == 1
+    # hypercube: whole 16-byte chunks per rank, as nccl-tests (6 floats -> 4)
+    assert counts("hypercube", 100, 4, 4).count == 4 and counts("hypercube", 24, 1, 2).count == 0
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_bandwidths(op):
-    per_rank = op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
-    assert algbw_bytes(op, 100, 8, 4) == 800 * (4 if per_rank else 1)
+    times = BYTES_4.get(op, 1)
+    assert algbw_bytes(op, 100, 8, 4) == 800 * times
     algbw, busbw = bandwidths(op, 1000, 4, 4, 2e-6)
-    assert algbw == pytest.approx(4000 * (4 if per_rank else 1) / 2e-6 / 1e9)
+    assert algbw == pytest.approx(4000 * times / 2e-6 / 1e9)
     assert busbw == pytest.approx(algbw * FACTOR_4[op])
     assert bandwidths(op, 1000, 4, 4, 0.0) == (0.0, 0.0)
 

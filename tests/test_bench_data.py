@@ -94,10 +94,26 @@ def test_bad_redop_and_dtype():
     ):
         _data.values("mean", 0, 2, np.dtype("float32"), 0, 4)
     with pytest.raises(
-        InvalidArgumentError, match=r"dtype \(-d\) must be one of .* got 'bfloat16'"
+        InvalidArgumentError, match=r"dtype \(-d\) must be one of int8, .* got 'float8'"
     ):
-        _data.check_dtype("bfloat16")
-    assert _data.check_dtype("int8") == np.dtype("int8")
+        _data.storage_dtype("float8")
+    assert _data.storage_dtype("int8") == np.dtype("int8")
+
+
+@pytest.mark.parametrize("kind", ["sum", "prod", "max", "min", "avg"])
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_bfloat16_results_are_exact(kind, n):
+    """bfloat16 data are uint16 bits; the expected result is the reduction of their values."""
+    bf16 = _data.storage_dtype("bfloat16")
+    assert _data.type_name(bf16) == "bfloat16" and _data.type_name(np.dtype("float16")) == "half"
+
+    def value(bits):
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+
+    data = np.stack([value(_data.values(kind, r, n, bf16, 0, 50)) for r in range(n)])
+    want = {"sum": data.sum(0), "prod": data.prod(0), "max": data.max(0), "min": data.min(0),
+            "avg": data.sum(0) / n}[kind]  # fmt: skip
+    np.testing.assert_array_equal(value(_data.reduced(kind, n, bf16, 0, 50)), want)
 
 
 @pytest.mark.parametrize("op", ["all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"])

@@ -35,13 +35,18 @@ def test_sweep_by_step():
     assert size_sweep(5, 5, step=1) == [5]
 
 
+def test_factor_above_one_wins_over_step_as_in_nccl_tests():
+    assert size_sweep(8, 64, factor=2, step=8) == [8, 16, 32, 64]
+    assert size_sweep(8, 24, factor=1, step=8) == [8, 16, 24]
+    assert size_sweep(1 << 20, 3 << 20, factor=1) == [1 << 20, 2 << 20, 3 << 20]
+
+
 @pytest.mark.parametrize(
     "args,message",
     [((0, 8), r"min_bytes \(-b\) must be >= 1, got 0"),
      ((16, 8), r"max_bytes \(-e\) must be >= min_bytes \(-b\) = 16, got 8"),
-     ((8, 64, 1), r"step factor \(-f\) must be >= 2, got 1"),
-     ((8, 64, None, 0), r"step bytes \(-i\) must be >= 1, got 0"),
-     ((8, 64, 2, 8), r"not both; got -f 2 and -i 8")],
+     ((8, 64, 0), r"step factor \(-f\) must be >= 1, got 0"),
+     ((8, 64, None, 0), r"step bytes \(-i\) must be >= 1, got 0")],
 )  # fmt: skip
 def test_sweep_rejects(args, message):
     with pytest.raises(InvalidArgumentError, match=message):

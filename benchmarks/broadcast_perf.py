@@ -1,0 +1,12 @@
+"""nccl-tests' broadcast_perf, with its flags, defaults and output (see benchmarks/README.md).
+
+Example:
+    $ mpiexec -n 2 python -m benchmarks.broadcast_perf -b 8 -e 1M -f 4
+"""
+
+import sys
+
+from .collective import main
+
+if __name__ == "__main__":
+    sys.exit(main(collective="broadcast"))
