@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> None:
             times[name].append(_per_call_us(fn, raw, args.iterations))
     if raw.rank == 0:
         medians = {name: statistics.median(t) for name, t in times.items()}
-        print(f"# {raw.size} ranks, 8-byte float64 all_reduce, median of {args.rounds} rounds "
-              f"x {args.iterations} calls")
+        print(
+            f"# {raw.size} ranks, 8-byte float64 all_reduce, median of {args.rounds} rounds "
+            f"x {args.iterations} calls"
+        )
         print(f"{'call':<26}{'us/call':>10}")
         for name, value in medians.items():
             print(f"{name:<26}{value:>10.2f}")

@@ -120,10 +120,28 @@ def run_spmd(
     """Run ``pytest target`` on ``size`` ranks; kill the whole job past ``timeout`` seconds."""
     with tempfile.TemporaryDirectory() as report_dir:
         run_env = mpi_env({"SPMD_REPORT_DIR": report_dir, "PYTHONUNBUFFERED": "1", **(env or {})})
-        cmd = [mpiexec(), "-n", str(size), sys.executable, "-m", "pytest", "-q", "-p",
-               "no:cacheprovider", str(target), *pytest_args]
-        proc = subprocess.Popen(cmd, cwd=REPO, env=run_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cmd = [
+            mpiexec(),
+            "-n",
+            str(size),
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(target),
+            *pytest_args,
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             output, _ = proc.communicate(timeout=timeout)
             returncode: int | None = proc.returncode
