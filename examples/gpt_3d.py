@@ -49,6 +49,9 @@ VOCAB_MULTIPLE = 8  # the vocabulary is padded to this, whatever the mesh (tp mu
 
 @dataclass
 class Config:
+    """The command-line options (``--global-batch`` is ``global_batch``); ``vocab`` None:
+    the text's characters, padded to a multiple of 8."""
+
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -442,8 +445,16 @@ def check(cfg: Config, size: int, vocab: int) -> None:
         raise col.InvalidArgumentError("gpt_3d: " + "; ".join(problems))
 
 
-def train(comm: Any, cfg: Config, xp: Any = np) -> list[float]:
-    """Train ``cfg.steps`` steps on ``comm`` (``dp * tp * pp`` ranks); the loss of every step."""
+def train(
+    comm: Any, cfg: Config, xp: Any = np, report: Optional[Callable[[int, float], None]] = None
+) -> list[float]:
+    """Train ``cfg.steps`` steps on ``comm`` (``dp * tp * pp`` ranks); the loss of every step.
+
+    ``xp``: the array module (CuPy on the NCCL backend); ``report(step, loss)`` is called on
+    every rank after every step. Example::
+
+        losses = train(comm, Config(dp=2, tp=2, pp=2, schedule="interleaved"))
+    """
     text = corpus()
     chars, vocab = vocabulary(text, cfg.vocab)
     check(cfg, comm.size, vocab)
@@ -511,6 +522,8 @@ def train(comm: Any, cfg: Config, xp: Any = np) -> list[float]:
         dp.all_reduce(total, op="avg")
         pp.broadcast(total, root=(stages - 1) % pp.size)
         losses.append(float(total[0]))
+        if report is not None:
+            report(step, losses[-1])
     mesh.close()
     return losses
 
@@ -525,7 +538,8 @@ def parse(argv: Optional[list[str]] = None) -> tuple[Config, str]:
         elif field == "vocab":
             parser.add_argument(flag, type=int, default=None)
         else:
-            parser.add_argument(flag, type=type(value), default=value)
+            choices = {"schedule": SCHEDULES, "dtype": ("float32", "float64"), "zero": (0, 1, 2)}
+            parser.add_argument(flag, type=type(value), default=value, choices=choices.get(field))
     parser.add_argument("--backend", default="auto")
     args = vars(parser.parse_args(argv))
     backend = args.pop("backend")
@@ -536,9 +550,12 @@ def main() -> None:
     cfg, backend = parse()
     with col.init(backend=backend) as comm:
         xp = __import__("cupy") if comm.backend == "nccl" else np
-        for step, loss in enumerate(train(comm, cfg, xp)):
+
+        def report(step: int, loss: float) -> None:
             if comm.rank == 0:
                 print(f"step {step} loss {loss:.12e}", flush=True)
+
+        train(comm, cfg, xp, report)
 
 
 if __name__ == "__main__":
