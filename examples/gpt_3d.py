@@ -459,9 +459,9 @@ def train(
     chars, vocab = vocabulary(text, cfg.vocab)
     check(cfg, comm.size, vocab)
     tokens = np.array([chars[c] for c in text], dtype=np.int64)
+    schedule = make_schedule(cfg).validate()
     mesh = col.DeviceMesh(comm, {"pp": cfg.pp, "dp": cfg.dp, "tp": cfg.tp})
     pp, dp, tp = mesh["pp"], mesh["dp"], mesh["tp"]
-    schedule = make_schedule(cfg).validate()
     stages, m = schedule.stages, cfg.microbatches
 
     model = GPT(cfg, vocab, tp, xp)
