@@ -524,6 +524,8 @@ def train(
         losses.append(float(total[0]))
         if report is not None:
             report(step, losses[-1])
+    if tied is not None:
+        tied.close()
     mesh.close()
     return losses
 
