@@ -23,6 +23,7 @@ from .mappings import (
     scatter_to_group,
     scatter_to_sequence,
 )
+from .sequence import allreduce_sequence_parallel_grads
 from .vocab import VocabParallelCrossEntropy, VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "gather_from_sequence",
     "reduce_scatter_to_sequence",
     "MAPPINGS",
+    "allreduce_sequence_parallel_grads",
 ]

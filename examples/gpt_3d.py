@@ -1,0 +1,564 @@
+"""mpiexec -n 8 python examples/gpt_3d.py --dp 2 --tp 2 --pp 2
+
+A decoder-only transformer (GPT) in plain arrays with a hand-written backward, trained on
+the characters of the Zen of Python with data x tensor x pipeline parallelism over
+``col.DeviceMesh(comm, {"pp": P, "dp": D, "tp": T})``:
+
+- tensor parallel (Megatron): attention heads and MLP columns split over ``tp``
+  (column-parallel QKV and first MLP layer, row-parallel output projections), a
+  vocabulary-parallel embedding and cross-entropy; ``--sequence-parallel`` keeps the layer
+  norms, residuals and biases on a block of the sequence per ``tp`` rank;
+- pipeline parallel: the blocks cut into ``P * chunks`` stages run by ``pipeline.run``
+  (``--schedule gpipe|1f1b|interleaved|zero_bubble``); the output projection is tied to the
+  token embedding, whose gradient is summed between the first and the last stage;
+- data parallel: DDP buckets over ``dp``, or ``--zero 1|2`` (ZeRO over ``dp``); AdamW.
+
+The full model is initialised from ``--seed`` on every rank, then sharded, and the global
+batch does not depend on the mesh, so every mesh prints the losses of ``--dp 1 --tp 1 --pp
+1`` to rounding. Rank 0 prints one line per step: ``step {i} loss {loss:.12e}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import io
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+import collectives as col
+import pipeline
+from ddp import AdamW, DistributedDataParallel, ZeroOptimizer
+from ddp.tensor_parallel import (
+    allreduce_sequence_parallel_grads,
+    copy_to_group,
+    gather_from_sequence,
+    reduce_from_group,
+    reduce_scatter_to_sequence,
+    vocab_parallel_cross_entropy,
+)
+from pipeline import schedules
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+VOCAB_MULTIPLE = 8  # the vocabulary is padded to this, whatever the mesh (tp must divide it)
+
+
+@dataclass
+class Config:
+    """The command-line options (``--global-batch`` is ``global_batch``); ``vocab`` None:
+    the text's characters, padded to a multiple of 8."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 2
+    microbatches: int = 4
+    zero: int = 0
+    sequence_parallel: bool = False
+    dtype: str = "float64"
+    seed: int = 0
+    steps: int = 5
+    global_batch: int = 8
+    seq_len: int = 16
+    layers: int = 2
+    heads: int = 4
+    hidden: int = 32
+    vocab: Optional[int] = None
+    lr: float = 3e-3
+
+
+# -------------------------------------------------------------------- data
+
+
+def corpus() -> str:
+    """The Zen of Python, from the standard library (``import this`` prints it: silenced)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        import this
+    return codecs.decode(this.s, "rot13")
+
+
+def vocabulary(text: str, vocab: Optional[int]) -> tuple[dict[str, int], int]:
+    """Character -> id (sorted), and the vocabulary size padded to a multiple of 8."""
+    chars = sorted(set(text))
+    size = -(-len(chars) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE if vocab is None else vocab
+    if size < len(chars):
+        raise col.InvalidArgumentError(f"gpt_3d: --vocab {size}, expected >= {len(chars)}")
+    return {c: i for i, c in enumerate(chars)}, size
+
+
+def global_batch(tokens: np.ndarray, step: int, cfg: Config) -> np.ndarray:
+    """``(global_batch, seq_len + 1)`` token windows of step ``step``, the same on every mesh."""
+    rng = np.random.default_rng([cfg.seed, step])
+    starts = rng.integers(0, len(tokens) - cfg.seq_len - 1, size=cfg.global_batch)
+    return np.stack([tokens[s : s + cfg.seq_len + 1] for s in starts])
+
+
+# -------------------------------------------------------------------- parameters
+
+
+def init_full(cfg: Config, vocab: int) -> dict[str, np.ndarray]:
+    """The whole model from the seed, the same on every rank. QKV columns are ordered
+    (head, q|k|v, head_dim) so that a contiguous column block holds whole heads."""
+    rng = np.random.default_rng(cfg.seed)
+    h = cfg.hidden
+
+    def normal(*shape, std=0.02):
+        return rng.standard_normal(shape) * std
+
+    p = {"wte": normal(vocab, h, std=0.1), "wpe": normal(cfg.seq_len, h, std=0.1)}
+    for layer in range(cfg.layers):
+        n = f"h{layer}."
+        p[n + "ln1_g"], p[n + "ln1_b"] = np.ones(h), np.zeros(h)
+        p[n + "w_qkv"], p[n + "b_qkv"] = normal(h, 3 * h, std=h**-0.5), np.zeros(3 * h)
+        p[n + "w_o"], p[n + "b_o"] = normal(h, h, std=h**-0.5), np.zeros(h)
+        p[n + "ln2_g"], p[n + "ln2_b"] = np.ones(h), np.zeros(h)
+        p[n + "w_fc"], p[n + "b_fc"] = normal(h, 4 * h, std=h**-0.5), np.zeros(4 * h)
+        p[n + "w_proj"], p[n + "b_proj"] = normal(4 * h, h, std=(4 * h) ** -0.5), np.zeros(h)
+    p["lnf_g"], p["lnf_b"] = np.ones(h), np.zeros(h)
+    return {k: v.astype(cfg.dtype) for k, v in p.items()}
+
+
+#: how each parameter splits over tp: along its rows (0), its columns (1), or not (None)
+SPLIT = {"wte": 0, "w_qkv": 1, "b_qkv": 0, "w_o": 0, "w_fc": 1, "b_fc": 0, "w_proj": 0}
+
+
+def shard(name: str, full: np.ndarray, tp: int, rank: int) -> np.ndarray:
+    """This tp rank's block of a parameter (a contiguous block; whole if replicated)."""
+    axis = SPLIT.get(name.split(".")[-1])
+    if axis is None:
+        return full.copy()
+    k = full.shape[axis] // tp
+    index = [slice(None)] * full.ndim
+    index[axis] = slice(rank * k, (rank + 1) * k)
+    return np.ascontiguousarray(full[tuple(index)])
+
+
+def stage_layers(layers: int, stages: int) -> list[list[int]]:
+    """The blocks of every model stage: ``numpy.array_split`` order (later stages may be empty)."""
+    return [[int(i) for i in part] for part in np.array_split(np.arange(layers), stages)]
+
+
+# -------------------------------------------------------------------- the model
+
+
+class Tape:
+    """Backward closures recorded by a forward pass, run in reverse.
+
+    Each closure maps ``dy`` to ``dx`` and appends its weight-gradient work (a thunk) to the
+    list it is given: zero-bubble schedules run that list later, in their W actions.
+    """
+
+    def __init__(self) -> None:
+        self.backs: list[Callable[[Any, list], Any]] = []
+
+    def push(self, back: Callable[[Any, list], Any]) -> None:
+        self.backs.append(back)
+
+    def backward(self, dy: Any, deferred: list) -> Any:
+        for back in reversed(self.backs):
+            dy = back(dy, deferred)
+        return dy
+
+
+class GPT:
+    """This rank's part of the model: the stages it holds, sharded over ``tp``.
+
+    ``params`` and ``grads`` are name -> array (the ones DDP or ZeRO hand back); every op
+    looks its arrays up by name when it runs.
+    """
+
+    def __init__(self, cfg: Config, vocab: int, tp: Any, xp: Any) -> None:
+        self.cfg, self.vocab, self.tp, self.xp = cfg, vocab, tp, xp
+        self.sp = cfg.sequence_parallel and tp.size > 1
+        self.heads = cfg.heads // tp.size
+        self.head_dim = cfg.hidden // cfg.heads
+        self.params: dict[str, Any] = {}
+        self.grads: dict[str, Any] = {}
+        seq_block = cfg.seq_len // tp.size if self.sp else cfg.seq_len
+        lo = tp.rank * seq_block if self.sp else 0
+        self.positions = (lo, lo + seq_block)
+        k = vocab // tp.size
+        self.vocab_range = (tp.rank * k, (tp.rank + 1) * k)
+        self.tapes: dict[tuple[int, int], Tape] = {}
+        self.deferred: dict[tuple[int, int], list] = {}
+
+    # -- communication of a tensor-parallel region: enter (replicated or sequence block in,
+    # whole sequence out) and leave (partial sums in, replicated or sequence block out)
+
+    def enter(self, x: Any, tape: Tape) -> Any:
+        region = gather_from_sequence if self.sp else copy_to_group
+        tape.push(lambda dy, _: region.backward(dy, self.tp))
+        return region.forward(x, self.tp)
+
+    def leave(self, partial: Any, tape: Tape) -> Any:
+        region = reduce_scatter_to_sequence if self.sp else reduce_from_group
+        tape.push(lambda dy, _: region.backward(dy, self.tp))
+        return region.forward(self.xp.ascontiguousarray(partial), self.tp)
+
+    def accumulate(self, name: str, value: Any) -> None:
+        self.grads[name] += value
+
+    # -- ops
+
+    def linear(self, x: Any, w: str, b: Optional[str], tape: Tape) -> Any:
+        y = x @ self.params[w]
+        if b is not None:
+            y = y + self.params[b]
+
+        def back(dy, deferred):
+            def weights():
+                x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+                self.accumulate(w, x2.T @ dy2)
+                if b is not None:
+                    self.accumulate(b, dy2.sum(axis=0))
+
+            deferred.append(weights)
+            return dy @ self.params[w].T
+
+        tape.push(back)
+        return y
+
+    def bias(self, x: Any, b: str, tape: Tape) -> Any:
+        def back(dy, deferred):
+            deferred.append(lambda: self.accumulate(b, dy.reshape(-1, dy.shape[-1]).sum(axis=0)))
+            return dy
+
+        tape.push(back)
+        return x + self.params[b]
+
+    def layer_norm(self, x: Any, prefix: str, tape: Tape, eps: float = 1e-5) -> Any:
+        xp = self.xp
+        mean = x.mean(axis=-1, keepdims=True)
+        inv = 1.0 / xp.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+        xhat = (x - mean) * inv
+        g, b = prefix + "_g", prefix + "_b"
+
+        def back(dy, deferred):
+            def weights():
+                self.accumulate(g, (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0))
+                self.accumulate(b, dy.reshape(-1, dy.shape[-1]).sum(axis=0))
+
+            deferred.append(weights)
+            d = dy * self.params[g]
+            return inv * (
+                d - d.mean(axis=-1, keepdims=True) - xhat * (d * xhat).mean(axis=-1, keepdims=True)
+            )
+
+        tape.push(back)
+        return xhat * self.params[g] + self.params[b]
+
+    def gelu(self, x: Any, tape: Tape) -> Any:
+        xp, c = self.xp, math.sqrt(2 / math.pi)
+        t = xp.tanh(c * (x + 0.044715 * x**3))
+
+        def back(dy, _):
+            return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+
+        tape.push(back)
+        return 0.5 * x * (1 + t)
+
+    def attention(self, qkv: Any, tape: Tape) -> Any:
+        """Causal self-attention of this rank's heads: ``(S, B, heads * 3 * d) -> (S, B, heads * d)``."""
+        xp = self.xp
+        s, batch, _ = qkv.shape
+        h, d = self.heads, self.head_dim
+        parts = qkv.reshape(s, batch, h, 3, d).transpose(3, 1, 2, 0, 4)  # (3, B, h, S, d)
+        q, k, v = parts[0], parts[1], parts[2]
+        scale = 1.0 / math.sqrt(d)
+        scores = (q @ k.transpose(0, 1, 3, 2)) * scale
+        future = xp.triu(xp.ones((s, s), dtype=bool), k=1)
+        scores = xp.where(future, -xp.inf, scores)
+        probs = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = probs @ v  # (B, h, S, d)
+
+        def back(dy, _):
+            do = dy.reshape(s, batch, h, d).transpose(1, 2, 0, 3)
+            dprobs = do @ v.transpose(0, 1, 3, 2)
+            dv = probs.transpose(0, 1, 3, 2) @ do
+            dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * scale
+            dq, dk = dscores @ k, dscores.transpose(0, 1, 3, 2) @ q
+            dparts = xp.stack([dq, dk, dv])  # (3, B, h, S, d)
+            return dparts.transpose(3, 1, 2, 0, 4).reshape(s, batch, h * 3 * d)
+
+        tape.push(back)
+        return out.transpose(2, 0, 1, 3).reshape(s, batch, h * d)
+
+    def residual(self, x: Any, branch: Callable[[Any, Tape], Any], tape: Tape) -> Any:
+        inner = Tape()
+        y = x + branch(x, inner)
+        tape.push(lambda dy, deferred: dy + inner.backward(dy, deferred))
+        return y
+
+    # -- the model's parts
+
+    def embed(self, ids: Any, tape: Tape) -> Any:
+        """Token (vocab-parallel) plus position embeddings of ``ids`` ``(S, B)``."""
+        xp = self.xp
+        lo, hi = self.vocab_range
+        owned = (ids >= lo) & (ids < hi)
+        index = xp.where(owned, ids - lo, 0)
+        mask = owned[..., None].astype(self.params["wte"].dtype)
+        tape.push(lambda dpartial, deferred: self.embed_backward(ids, dpartial, deferred))
+        x = self.leave(self.params["wte"][index] * mask, tape)
+        p0, p1 = self.positions
+
+        def back(dy, deferred):
+            def weights():
+                self.grads["wpe"][p0:p1] += dy.sum(axis=1)
+
+            deferred.append(weights)
+            return dy
+
+        tape.push(back)
+        return x + self.params["wpe"][p0:p1, None, :]
+
+    def embed_backward(self, ids: Any, dy: Any, deferred: list) -> None:
+        """The token embedding's gradient: rows of ``dy`` (partial sums) added at the owned ids."""
+        xp = self.xp
+        lo, hi = self.vocab_range
+        owned = (ids >= lo) & (ids < hi)
+        index = xp.where(owned, ids - lo, 0).reshape(-1)
+        rows = dy.reshape(-1, dy.shape[-1]) * owned.reshape(-1, 1).astype(dy.dtype)
+
+        def weights():
+            grad = self.grads["wte"]
+            if hasattr(xp, "add") and hasattr(xp.add, "at"):
+                xp.add.at(grad, index, rows)
+            else:  # older CuPy
+                import cupyx
+
+                cupyx.scatter_add(grad, index, rows)
+
+        deferred.append(weights)
+
+    def block(self, x: Any, layer: int, tape: Tape) -> Any:
+        n = f"h{layer}."
+
+        def attention(x, t):
+            a = self.enter(self.layer_norm(x, n + "ln1", t), t)
+            a = self.attention(self.linear(a, n + "w_qkv", n + "b_qkv", t), t)
+            return self.bias(self.leave(self.linear(a, n + "w_o", None, t), t), n + "b_o", t)
+
+        def mlp(x, t):
+            a = self.enter(self.layer_norm(x, n + "ln2", t), t)
+            a = self.gelu(self.linear(a, n + "w_fc", n + "b_fc", t), t)
+            return self.bias(self.leave(self.linear(a, n + "w_proj", None, t), t), n + "b_proj", t)
+
+        return self.residual(self.residual(x, attention, tape), mlp, tape)
+
+    def head(self, x: Any, tape: Tape) -> Any:
+        """Final layer norm and the output projection tied to ``wte``: this rank's logits."""
+        y = self.enter(self.layer_norm(x, "lnf", tape), tape)
+        logits = y @ self.params["wte"].T
+
+        def back(dy, deferred):
+            def weights():
+                y2, dy2 = y.reshape(-1, y.shape[-1]), dy.reshape(-1, dy.shape[-1])
+                self.accumulate("wte", dy2.T @ y2)
+
+            deferred.append(weights)
+            return dy @ self.params["wte"]
+
+        tape.push(back)
+        return logits
+
+    # -- pipeline stages
+
+    def stage(self, index: int, stages: int, split: bool) -> pipeline.Stage:
+        """Model stage ``index`` of ``stages`` as a :class:`pipeline.Stage`."""
+        layers = stage_layers(self.cfg.layers, stages)[index]
+        first, last = index == 0, index == stages - 1
+
+        def forward(x, m):
+            tape = Tape()
+            if first:
+                x = self.embed(x, tape)
+            else:
+                x = x.copy()  # the runtime reuses its receive buffers
+            for layer in layers:
+                x = self.block(x, layer, tape)
+            if last:
+                x = self.head(x, tape)
+            self.tapes[(index, m)] = tape
+            return x
+
+        def backward(dy, m):
+            deferred: list = []
+            dx = self.tapes.pop((index, m)).backward(dy, deferred)
+            if split:
+                self.deferred[(index, m)] = deferred
+            else:
+                for work in deferred:
+                    work()
+            return None if first else dx
+
+        def backward_weight(m):
+            for work in self.deferred.pop((index, m)):
+                work()
+
+        return pipeline.Stage(forward, backward, backward_weight if split else None)
+
+    def sequence_parallel_names(self) -> list[str]:
+        """Replicated parameters whose gradients are partial over tp under sequence parallel."""
+        return [n for n in self.params if SPLIT.get(n.split(".")[-1]) is None]
+
+
+# -------------------------------------------------------------------- training
+
+
+def make_schedule(cfg: Config) -> pipeline.Schedule:
+    if cfg.schedule == "gpipe":
+        return schedules.gpipe(cfg.pp, cfg.microbatches)
+    if cfg.schedule == "1f1b":
+        return schedules.one_f_one_b(cfg.pp, cfg.microbatches)
+    if cfg.schedule == "interleaved":
+        return schedules.interleaved_1f1b(cfg.pp, cfg.microbatches, cfg.chunks)
+    return schedules.zero_bubble(cfg.pp, cfg.microbatches)
+
+
+def check(cfg: Config, size: int, vocab: int) -> None:
+    """Bad options fail here, on every rank, before anything communicates."""
+    problems = []
+    if cfg.dp * cfg.tp * cfg.pp != size:
+        problems.append(f"dp*tp*pp = {cfg.dp * cfg.tp * cfg.pp}, expected the {size} ranks")
+    if cfg.schedule not in SCHEDULES:
+        problems.append(f"--schedule {cfg.schedule}, expected one of {SCHEDULES}")
+    if cfg.global_batch % (cfg.dp * cfg.microbatches):
+        problems.append(
+            f"--global-batch {cfg.global_batch}, expected a multiple of dp * microbatches"
+        )
+    if cfg.heads % cfg.tp or cfg.hidden % cfg.heads or vocab % cfg.tp:
+        problems.append("tp must divide --heads and the vocabulary, --heads must divide --hidden")
+    if cfg.sequence_parallel and cfg.seq_len % cfg.tp:
+        problems.append(
+            f"--seq-len {cfg.seq_len}, expected a multiple of tp with --sequence-parallel"
+        )
+    if cfg.zero not in (0, 1, 2):
+        problems.append(f"--zero {cfg.zero}, expected 0, 1 or 2")
+    if problems:
+        raise col.InvalidArgumentError("gpt_3d: " + "; ".join(problems))
+
+
+def train(
+    comm: Any, cfg: Config, xp: Any = np, report: Optional[Callable[[int, float], None]] = None
+) -> list[float]:
+    """Train ``cfg.steps`` steps on ``comm`` (``dp * tp * pp`` ranks); the loss of every step.
+
+    ``xp``: the array module (CuPy on the NCCL backend); ``report(step, loss)`` is called on
+    every rank after every step. Example::
+
+        losses = train(comm, Config(dp=2, tp=2, pp=2, schedule="interleaved"))
+    """
+    text = corpus()
+    chars, vocab = vocabulary(text, cfg.vocab)
+    check(cfg, comm.size, vocab)
+    tokens = np.array([chars[c] for c in text], dtype=np.int64)
+    schedule = make_schedule(cfg).validate()
+    mesh = col.DeviceMesh(comm, {"pp": cfg.pp, "dp": cfg.dp, "tp": cfg.tp})
+    pp, dp, tp = mesh["pp"], mesh["dp"], mesh["tp"]
+    stages, m = schedule.stages, cfg.microbatches
+
+    model = GPT(cfg, vocab, tp, xp)
+    mine = [c * pp.size + pp.rank for c in range(schedule.chunks)]
+    full = init_full(cfg, vocab)
+    names = ["wte", "wpe"] if 0 in mine else []
+    for s in mine:
+        held = tuple(f"h{i}." for i in stage_layers(cfg.layers, stages)[s])
+        names += [n for n in full if n.startswith(held)]
+    if stages - 1 in mine:
+        names += ["lnf_g", "lnf_b"] + ([] if "wte" in names else ["wte"])
+    params = {n: xp.asarray(shard(n, full[n], tp.size, tp.rank)) for n in names}
+    optimizer = AdamW(lr=cfg.lr, weight_decay=0.01)
+    if cfg.zero:
+        zero = ZeroOptimizer(params, dp, optimizer, stage=cfg.zero, broadcast_from=None)
+        model.params, model.grads = zero.params, zero.grads
+    else:
+        ddp = DistributedDataParallel(params, dp, broadcast_from=None)
+        model.params, model.grads = params, {n: xp.zeros_like(p) for n, p in params.items()}
+        states: dict = {}
+    chunks = [model.stage(s, stages, schedule.splits_backward) for s in mine]
+    # the tied embedding lives on the first stage (rank 0) and on the last
+    tied = pipeline.tied_group(pp, (0, (stages - 1) % pp.size))
+    is_first, is_last = pp.rank == 0, pp.rank == (stages - 1) % pp.size
+    rows = cfg.global_batch // (dp.size * m)
+
+    losses = []
+    for step in range(cfg.steps):
+        batch = global_batch(tokens, step, cfg)
+        batch = batch[dp.rank * rows * m : (dp.rank + 1) * rows * m]
+        windows = [xp.asarray(batch[i * rows : (i + 1) * rows].T.copy()) for i in range(m)]
+        for g in model.grads.values():
+            g[...] = 0
+
+        def loss_fn(logits, target):
+            loss, dlogits = vocab_parallel_cross_entropy(logits, target, tp)
+            return loss, dlogits / m
+
+        out = pipeline.run(
+            schedule,
+            pp,
+            chunks,
+            inputs=[w[:-1] for w in windows] if is_first else None,
+            targets=[w[1:] for w in windows] if is_last else None,
+            loss_fn=loss_fn,
+        )
+        if "wte" in model.grads:
+            pipeline.reduce_tied(tied, [model.grads["wte"]])
+        if model.sp:
+            sp_grads = [model.grads[n] for n in model.sequence_parallel_names()]
+            allreduce_sequence_parallel_grads(sp_grads, tp)
+        if cfg.zero:
+            zero.step()
+        else:
+            ddp.sync_gradients(model.grads)
+            optimizer.step(model.params, model.grads, states)
+        total = xp.asarray([sum(float(v) for v in out) / m if is_last else 0.0])
+        dp.all_reduce(total, op="avg")
+        pp.broadcast(total, root=(stages - 1) % pp.size)
+        losses.append(float(total[0]))
+        if report is not None:
+            report(step, losses[-1])
+    if tied is not None:
+        tied.close()
+    mesh.close()
+    return losses
+
+
+def parse(argv: Optional[list[str]] = None) -> tuple[Config, str]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = Config()
+    for field, value in vars(defaults).items():
+        flag = "--" + field.replace("_", "-")
+        if field == "sequence_parallel":
+            parser.add_argument(flag, action="store_true")
+        elif field == "vocab":
+            parser.add_argument(flag, type=int, default=None)
+        else:
+            choices = {"schedule": SCHEDULES, "dtype": ("float32", "float64"), "zero": (0, 1, 2)}
+            parser.add_argument(flag, type=type(value), default=value, choices=choices.get(field))
+    parser.add_argument("--backend", default="auto")
+    args = vars(parser.parse_args(argv))
+    backend = args.pop("backend")
+    return Config(**args), backend
+
+
+def main() -> None:
+    cfg, backend = parse()
+    with col.init(backend=backend) as comm:
+        xp = __import__("cupy") if comm.backend == "nccl" else np
+
+        def report(step: int, loss: float) -> None:
+            if comm.rank == 0:
+                print(f"step {step} loss {loss:.12e}", flush=True)
+
+        train(comm, cfg, xp, report)
+
+
+if __name__ == "__main__":
+    main()
