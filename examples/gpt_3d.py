@@ -551,7 +551,7 @@ def parse(argv: Optional[list[str]] = None) -> tuple[Config, str]:
 def main() -> None:
     cfg, backend = parse()
     with col.init(backend=backend) as comm:
-        xp = __import__("cupy") if comm.backend == "nccl" else np
+        xp = comm.xp
 
         def report(step: int, loss: float) -> None:
             if comm.rank == 0:
