@@ -22,11 +22,10 @@ with col.init() as comm:  # NCCL if every rank has a GPU, else MPI
         comm.recv(received, (comm.rank - 1) % comm.size)
 
     if comm.size % 2 == 0:
-        mesh = col.DeviceMesh(comm, {"dp": comm.size // 2, "tp": 2})
-        y = xp.ones(3, xp.float32)
-        mesh["tp"].all_reduce(y)  # over the 2 ranks that differ only along tp
-        assert float(y[0]) == 2.0
-        mesh.close()
+        with col.DeviceMesh(comm, {"dp": comm.size // 2, "tp": 2}) as mesh:
+            y = xp.ones(3, xp.float32)
+            mesh["tp"].all_reduce(y)  # over the 2 ranks that differ only along tp
+            assert float(y[0]) == 2.0
     if comm.rank == 0:
         print(
             f"{comm.size} ranks on {comm.backend}: all_reduce -> {float(x[0])}, "
