@@ -121,7 +121,7 @@ class HierarchicalWork:
     has finished (and runs what follows it, which is local).
     """
 
-    __slots__ = ("_works", "_later", "_after", "_result", "_done")
+    __slots__ = ("_works", "_later", "_after", "_result", "_done", "_one_step_each")
 
     def __init__(
         self,
@@ -129,12 +129,17 @@ class HierarchicalWork:
         later: list[list[Step]],
         after: list[Callable[[], None]],
         result: Any,
+        one_step_each: bool = True,
     ):
         self._works = works  # read by ``completion_event`` (DDP's bucket timings)
         self._later = later
         self._after = after
         self._result = result
         self._done = False
+        # Whether every rank has one step in each phase (equal nodes). Only then may a phase
+        # run as a blocking call: MPI never matches a blocking collective with a non-blocking
+        # one, and on unequal nodes the rank alone on a small node issues two steps at once.
+        self._one_step_each = one_step_each
 
     def wait(self) -> Any:
         """Finish every step (issuing those left, MPI) and order the caller after the result."""
@@ -143,7 +148,7 @@ class HierarchicalWork:
                 work.wait()
             while self._later:
                 phase = self._later.pop(0)
-                if len(phase) == 1:  # synchronous: the direct path where it applies
+                if len(phase) == 1 and self._one_step_each:  # blocking where it applies
                     phase[0](False)
                 else:
                     for work in [step(True) for step in phase]:
@@ -505,7 +510,7 @@ class HierarchicalCommunicator:
             works, later = [step(True) for step in phases[0]], phases[1:]
         else:
             works, later = [], phases
-        work = HierarchicalWork(works, later, after, result)
+        work = HierarchicalWork(works, later, after, result, self.layout.even)
         return work if async_op else work.wait()
 
 
