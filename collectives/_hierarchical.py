@@ -131,7 +131,7 @@ class HierarchicalWork:
         result: Any,
         one_step_each: bool = True,
     ):
-        self._works = works  # read by ``completion_event`` (DDP's bucket timings)
+        self._works = works
         self._later = later
         self._after = after
         self._result = result
@@ -168,6 +168,15 @@ class HierarchicalWork:
         if is_device_array(result):  # the copies after the last step ran on this stream
             array_module(result).cuda.get_current_stream().synchronize()
         return result
+
+    @property
+    def event(self) -> Any:
+        """The CUDA event the last step completes with (NCCL, where every step is issued at
+        once; DDP times its buckets by it), else None. The local copies after it are not
+        covered."""
+        if self._later or not self._works:
+            return None
+        return getattr(self._works[-1], "event", None)
 
     @property
     def result(self) -> Any:
