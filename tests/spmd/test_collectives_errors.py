@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import collectives as col
+from tests.short_timeout import init_with_short_timeout
 
 WORLD_SIZES = (1, 2)
 SPMD_TIMEOUT = 240
@@ -403,7 +404,7 @@ def test_collective_that_times_out(comm, xp):
     if comm.size == 1 and comm.backend == "nccl":
         pytest.skip("at size 1 only a receive from itself with no send can wait: not an NCCL call")
     timeout = 1.5
-    short = col.init(backend=comm.backend, timeout=timeout, mpi_blocking=False)
+    short = init_with_short_timeout(comm.backend, timeout, mpi_blocking=False)
     try:
         if comm.rank == 0:
             start = time.monotonic()

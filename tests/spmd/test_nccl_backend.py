@@ -13,6 +13,7 @@ import pytest
 
 import collectives as col
 from collectives._nccl import nccl_unavailable_reason
+from tests.short_timeout import init_with_short_timeout
 
 WORLD_SIZES = (1, 2)
 
@@ -210,18 +211,6 @@ def test_a_call_on_another_communicator_inside_a_group_completes_at_its_end(nccl
         other.close()
 
 
-def _short_timeout_after_warm_up(timeout: float = 2.0) -> col.Communicator:
-    """A communicator whose first call (NCCL's lazy connect, slow with two ranks on one GPU)
-    ran under a long timeout; from now on its calls time out after ``timeout`` seconds."""
-    import cupy
-
-    comm = col.init(backend="nccl", timeout=60)
-    comm.all_reduce(cupy.ones(1024, cupy.float32))  # every rank: the connections exist
-    comm.stream.synchronize()
-    comm.timeout = comm._impl.timeout = timeout  # the front end's (messages) and the backend's
-    return comm
-
-
 def test_a_timeout_aborts_and_releases_the_arrays_only_after_the_stream_drains(nccl):
     """Defect 2: past the timeout the communicator is aborted (never under a thread inside
     NCCL), and the arrays of the call stay referenced until the stream is idle."""
@@ -229,7 +218,7 @@ def test_a_timeout_aborts_and_releases_the_arrays_only_after_the_stream_drains(n
 
     if nccl.size < 2:
         pytest.skip("needs a peer that does not arrive")
-    comm = _short_timeout_after_warm_up()
+    comm = init_with_short_timeout("nccl", 2.0)
     x = cupy.ones(1024, cupy.float32)
     impl = comm._impl
     if comm.rank == 0:
@@ -410,7 +399,7 @@ def test_close_during_a_timeout_aborts_once_and_releases_the_arrays_after_the_dr
 
     if nccl.size < 2:
         pytest.skip("needs a peer that does not arrive")
-    comm = _short_timeout_after_warm_up()
+    comm = init_with_short_timeout("nccl", 2.0)
     impl = comm._impl
     if comm.rank == 0:
         x = cupy.ones(1024, cupy.float32)

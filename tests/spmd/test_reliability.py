@@ -15,6 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
+from tests.short_timeout import init_with_short_timeout
 
 WORLD_SIZES = (2, 3)
 
@@ -40,7 +41,7 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(
     tmp_path, monkeypatch, backend, xp
 ):
     monkeypatch.setenv("COLLECTIVES_FLIGHT_RECORDER", str(tmp_path))
-    comm = col.init(backend, timeout=1.0, mpi_blocking=False)
+    comm = init_with_short_timeout(backend, 1.0, mpi_blocking=False)
     x = xp.ones(3)
     finished(comm, "all_reduce", x)
     if comm.rank == 0:
@@ -92,7 +93,7 @@ def _rank() -> int:
 
 
 def test_timeout_on_point_to_point_names_recv(backend, xp):
-    comm = col.init(backend, timeout=0.5, mpi_blocking=False)
+    comm = init_with_short_timeout(backend, 0.5, mpi_blocking=False)
     if comm.rank == 1:
         with pytest.raises(col.CollectiveTimeoutError, match=r"recv #1 \(shape \(2,\), int32\)"):
             finished(comm, "recv", xp.empty(2, np.int32), 0)
@@ -152,7 +153,7 @@ def test_check_mode_catches_mismatch_on_every_rank(kind, path, backend, xp):
 def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_point(backend, xp):
     """Ranks 0 and 1 exchange messages the others do not make: their next collectives still
     match in check mode, and a stuck one reports by collective, not by call."""
-    comm = col.init(backend, check=True, timeout=1.5, mpi_blocking=False)
+    comm = init_with_short_timeout(backend, 1.5, check=True, mpi_blocking=False)
     x = xp.ones(2)
     for _ in range(2):
         if comm.rank == 0:
