@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def launcher_options() -> list[str]:
+    """Options every suite launch gives ``mpiexec``, from ``COLLECTIVES_TEST_MPIEXEC_OPTIONS``
+    (e.g. ``-launcher fork -hosts localhost``, where Hydra cannot resolve the host name)."""
+    return shlex.split(os.environ.get("COLLECTIVES_TEST_MPIEXEC_OPTIONS", ""))
 
 
 def mpiexec() -> str:
@@ -122,6 +129,7 @@ def run_spmd(
         run_env = mpi_env({"SPMD_REPORT_DIR": report_dir, "PYTHONUNBUFFERED": "1", **(env or {})})
         cmd = [
             mpiexec(),
+            *launcher_options(),
             "-n",
             str(size),
             sys.executable,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,3 +56,84 @@ def test_ci_gpu_wants_one_outdir():
     proc = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "usage: .ci/gpu OUTDIR" in proc.stderr
+
+
+def _gpu_tools():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_tools", REPO / ".ci" / "gpu_tools.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ci_gpu(*args: str, env: dict | None = None, timeout: float = 300):
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_list_gives_every_step_a_group_and_a_budget_and_the_plan_fits_25_minutes():
+    proc = _ci_gpu("--list")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    steps = [line.split() for line in lines[1:] if line and not line.startswith((" ", "(", "the"))]
+    assert len(steps) == 15 and {s[1] for s in steps} == {"group1", "group2", "group3"}
+    for group in ("group1", "group2", "group3"):
+        total = next(line for line in lines if line.split()[:1] == [group])
+        seconds = int(total.split()[1].rstrip("s"))
+        assert seconds <= 540, f"{group} needs {seconds} s: more than a 9-minute command"
+    plan = int(lines[-1].split("at most ")[1].split()[0])
+    assert plan <= 25 * 60, lines[-1]
+
+
+def test_an_unknown_step_is_a_usage_error(tmp_path):
+    proc = _ci_gpu(str(tmp_path / "out"), "--steps", "sweep-nccl-1,no-such-step", "--rehearse")
+    assert proc.returncode == 2
+    assert "no step or group named 'no-such-step'" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rehearsed_step_leaves_its_results_and_files(tmp_path):
+    out = tmp_path / "out"
+    proc = _ci_gpu(str(out), "--steps", "sweep-nccl-1,gpt-nccl-1", "--rehearse")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [(s["step"], s["status"]) for s in results["steps"]] == [
+        ("set-up", "passed"),
+        ("sweep-nccl-1", "passed"),
+        ("gpt-nccl-1", "passed"),
+    ]
+    assert [s["budget_s"] for s in results["steps"][1:]] == [60, 60]
+    rows = results["sweep-nccl-1"]["rows"]
+    assert rows and all(row["in_place"]["wrong"] == 0 for row in rows)
+    assert "largest relative difference between mpi and mpi: 0.00e+00" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["gpu.log", "results.json", "sweep-nccl-1.png"]
+    assert "every file can come back" in proc.stdout
+
+
+def test_steps_past_the_deadline_do_not_run_and_fail_the_run(tmp_path):
+    out = tmp_path / "out"
+    proc = _ci_gpu(str(out), "--steps", "ddp-nccl-1", "--rehearse", env={"GPU_DEADLINE_S": "0"})
+    assert proc.returncode == 1
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"][-1]["status"] == "not run (deadline)"
+
+
+def test_what_a_lent_machine_cannot_send_back_is_named(tmp_path):
+    tools = _gpu_tools()
+    for i in range(8):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    assert tools.outdir_problems(str(tmp_path)) == []
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("x")
+    (tmp_path / "a" / "bad name.txt").write_bytes(b"\0" * (16 * 2**20))
+    problems = "\n".join(tools.outdir_problems(str(tmp_path)))
+    assert "more than 2 folders below" in problems and "deep.txt" in problems
+    assert "bad name.txt: a name of other than letters" in problems
+    assert "not under 16 MiB" in problems
+    assert "10 files, more than 8" in problems

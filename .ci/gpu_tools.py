@@ -1,0 +1,183 @@
+"""The Python pieces of ``.ci/gpu``: ``python .ci/gpu_tools.py COMMAND ARGS``.
+
+versions [--rehearse]         the versions of everything a GPU run depends on, as JSON
+nccl-probe BACKEND            init on BACKEND, one all_reduce, checked (run under mpiexec)
+gpt-losses A B LAUNCH...      examples/gpt_3d.py on backends A and B: the same float64 losses
+collect WORK OUT              results.json from the versions, the steps and the benchmarks' JSON
+check-outdir OUTDIR           what a lent GPU machine can send back: 8 files, 16 MiB each, ...
+
+Every failure raises (a traceback) or exits non-zero with a line that says why.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+#: what a lent GPU machine sends back from its output folder
+MAX_FILES, MAX_FILE_BYTES, MAX_DEPTH = 8, 16 * 2**20, 2
+NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def versions(rehearse: bool) -> dict:
+    info: dict = {"python": sys.version.split()[0], "platform": platform.platform()}
+    if not rehearse:
+        import cupy
+        from cupy.cuda import nccl, runtime
+
+        props = runtime.getDeviceProperties(0)
+        name = props["name"]
+        info["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+        info["gpus"] = runtime.getDeviceCount()
+        info["gpu_memory_gib"] = round(props["totalGlobalMem"] / 2**30, 1)
+        info["compute_capability"] = f"{props['major']}.{props['minor']}"
+        v = runtime.driverGetVersion()
+        info["cuda_driver_api"] = f"{v // 1000}.{v % 1000 // 10}"
+        v = runtime.runtimeGetVersion()
+        info["cuda_runtime"] = f"{v // 1000}.{v % 1000 // 10}"
+        info["cupy"] = cupy.__version__
+        info["nccl_available"] = bool(getattr(nccl, "available", True))
+        try:
+            v = nccl.get_version()
+            info["nccl_version_code"] = v
+            info["nccl"] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+        except Exception as e:  # CuPy without a loadable libnccl has no get_version
+            info["nccl"] = f"not loaded ({type(e).__name__}: {e})"
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libnccl" in line and "/" in line}
+        info["libnccl"] = sorted(paths)
+    import mpi4py
+    from mpi4py import MPI
+
+    info["mpi4py"] = mpi4py.__version__
+    info["mpi_library"] = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
+    major, minor = MPI.Get_version()
+    info["mpi_standard"] = f"{major}.{minor}"
+    for module in ("numpy", "torch", "matplotlib", "pytest", "ml_dtypes"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception as e:
+            info[module] = f"not importable ({type(e).__name__})"
+    return info
+
+
+def nccl_probe(backend: str) -> None:
+    """One communicator on ``backend``, one all_reduce, its result checked on every rank."""
+    import collectives as col
+
+    with col.init(backend=backend, timeout=120) as comm:
+        xp = comm.xp
+        x = xp.arange(1024, dtype=xp.float32) + comm.rank
+        comm.all_reduce(x)
+        want = comm.size * xp.arange(1024, dtype=xp.float32) + sum(range(comm.size))
+        wrong = int((x != want).sum())
+        print(f"rank {comm.rank} of {comm.size} on {comm.backend}: all_reduce, {wrong} wrong")
+        if wrong:
+            raise SystemExit(f"rank {comm.rank}: {wrong} of 1024 elements wrong")
+
+
+def gpt_losses(first: str, second: str, launch: list[str]) -> None:
+    """The GPT example's float64 losses on two backends agree within 1e-9 relative (GPU
+    reductions round in another order). ``launch``: the mpiexec command and the mesh flags,
+    split at ``--``."""
+    split = launch.index("--")
+    mpiexec, mesh = launch[:split], launch[split + 1 :]
+
+    def losses(backend: str) -> list[float]:
+        argv = [*mpiexec, sys.executable, "examples/gpt_3d.py", "--backend", backend,
+                "--steps", "3", *mesh]  # fmt: skip
+        print("$", " ".join(argv), flush=True)
+        # stderr (a traceback) goes straight to the log; stdout is read for the losses
+        run = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+        print(run.stdout, end="", flush=True)
+        if run.returncode != 0:
+            raise SystemExit(f"gpt_3d.py on {backend} exited {run.returncode}")
+        return [
+            float(line.split()[3]) for line in run.stdout.splitlines() if line.startswith("step ")
+        ]
+
+    a, b = losses(first), losses(second)
+    if not (len(a) == len(b) == 3):
+        raise SystemExit(f"expected 3 losses from each run, got {a} and {b}")
+    worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    print(f"largest relative difference between {first} and {second}: {worst:.2e}")
+    if worst > 1e-9:
+        raise SystemExit(f"the losses differ by {worst:.2e} relative, more than 1e-9")
+
+
+def _load(path: str) -> object:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return {"unreadable": f"{type(e).__name__}: {e}"}
+
+
+def collect(work: str, out: str) -> None:
+    """results.json: versions, every step so far, and each benchmark's JSON by name; written
+    whole and renamed into place, so that a run cut short leaves a readable file."""
+    steps = []
+    with open(os.path.join(work, "steps.tsv")) as f:
+        for line in f:
+            name, status, seconds, budget, note = line.rstrip("\n").split("\t")
+            steps.append({"step": name, "status": status, "seconds": int(seconds),
+                          "budget_s": int(budget), "note": note})  # fmt: skip
+    results = {"versions": _load(os.path.join(work, "versions.json")), "steps": steps}
+    for path in sorted(glob.glob(os.path.join(work, "*.json"))):
+        name = os.path.basename(path)[: -len(".json")]
+        if name != "versions":
+            results[name] = _load(path)
+    with open(out + ".part", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(out + ".part", out)
+
+
+def outdir_problems(outdir: str) -> list[str]:
+    """Why a lent GPU machine would not send ``outdir`` back whole (empty: it would)."""
+    problems, files = [], []
+    for root, dirs, names in os.walk(outdir):
+        depth = os.path.relpath(root, outdir).count(os.sep) + (root != outdir)
+        for name in dirs + names:
+            if not NAME.match(name):
+                problems.append(f"{os.path.join(root, name)}: a name of other than letters, "
+                                "digits, '.', '_' and '-'")  # fmt: skip
+        for name in names:
+            path = os.path.join(root, name)
+            files.append(path)
+            if depth > MAX_DEPTH:
+                problems.append(f"{path}: more than {MAX_DEPTH} folders below the output folder")
+            if os.path.getsize(path) >= MAX_FILE_BYTES:
+                problems.append(f"{path}: {os.path.getsize(path)} bytes, not under 16 MiB")
+    if len(files) > MAX_FILES:
+        problems.append(f"{len(files)} files, more than {MAX_FILES}: {sorted(files)}")
+    return problems
+
+
+def main(argv: list[str]) -> None:
+    command, args = argv[0], argv[1:]
+    if command == "versions":
+        print(json.dumps(versions("--rehearse" in args), indent=1))
+    elif command == "nccl-probe":
+        nccl_probe(args[0])
+    elif command == "gpt-losses":
+        gpt_losses(args[0], args[1], args[2:])
+    elif command == "collect":
+        collect(args[0], args[1])
+    elif command == "check-outdir":
+        problems = outdir_problems(args[0])
+        for line in problems:
+            print(f"cannot come back: {line}")
+        if problems:
+            raise SystemExit(1)
+        print(f"{args[0]}: every file can come back ({MAX_FILES} files at most, under 16 MiB each)")
+    else:
+        raise SystemExit(f"unknown command {command!r}\n{__doc__}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
