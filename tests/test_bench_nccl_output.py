@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import _nccl_json
 from tests.spmd_launcher import REPO, mpi_env, mpiexec
 
 TIMEOUT = 240
@@ -296,3 +297,21 @@ def test_a_run_killed_mid_sweep_leaves_every_row_it_printed(tmp_path):
     assert [int(r[0]) for r in rows[:common]] == sizes[:common]
     for r in doc["results"]:
         assert r["out_of_place"]["nwrong"] == 0.0 and r["in_place"]["nwrong"] == 0.0
+
+
+def test_json_name_rules_as_nccl_tests(tmp_path, monkeypatch):
+    """-J writes only a name ending in .json, and never over a file: PATH.0, PATH.1..."""
+    monkeypatch.chdir(tmp_path)
+    assert [_nccl_json.wants_json(p) for p in ("a.json", "a.JSON", "a.txt", "a.json/b", "a.")] == [
+        True, True, False, False, False]  # fmt: skip
+    assert _nccl_json.claim("out.txt") == (
+        None,
+        "# skipping json output; out.txt does not end in .json",
+    )
+    Path("run.json").write_text("theirs")
+    taken = [_nccl_json.claim("run.json") for _ in range(2)]
+    assert taken == [("run.json.0", "# Writing JSON output to run.json.0"),
+                     ("run.json.1", "# Writing JSON output to run.json.1")]  # fmt: skip
+    assert Path("run.json").read_text() == "theirs"
+    assert _nccl_json.claim("no/such/dir/run.json") == (
+        None, "# skipping json output; no/such/dir/run.json not accessible")  # fmt: skip
