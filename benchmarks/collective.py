@@ -233,7 +233,7 @@ def run(
         rows: list[dict[str, Any]] = []
         if args.op == HYPERCUBE and comm.size & (comm.size - 1):
             # nccl-tests prints this with printf, not its rank-0 PRINT: once per rank
-            print(f"nRanks {comm.size} is not a power of 2, skipping", flush=True)
+            say(f"nRanks {comm.size} is not a power of 2, skipping")
             return rows
         for dtype, redop, root in _cli.combinations(args, comm.size):
             one = argparse.Namespace(**{**vars(args), "dtype": dtype, "redop": redop,
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None, collective: str | None = None) -> int:
         meta = _report.metadata(comm, args, argv)
         nccl = _nccl_versions(comm.backend)
         upstream = _upstream_json(args, argv, nccl[1]) if lead else None
-        emit = (lambda s: print(s, flush=True)) if lead else _quiet
+        emit = say if lead else _quiet
         rows = run(
             comm, args, baseline, emit=emit,
             on_row=_saver(args, meta, upstream) if lead else None,
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None, collective: str | None = None) -> int:
         totals = _table.summary(rows)
         min_bw = _min_bw()
         if lead:
-            print(_table.footer(totals, _cli.PROGRAMS[args.op], min_bw), flush=True)
+            say(_table.footer(totals, _cli.PROGRAMS[args.op], min_bw))
             if upstream is not None:
                 upstream.finish(totals, min_bw)
             if args.json:
@@ -337,6 +337,21 @@ def main(argv: list[str] | None = None, collective: str | None = None) -> int:
 
 def _quiet(line: str) -> None:
     pass
+
+
+def say(text: str) -> None:
+    """``text`` and a newline to stdout in one write, at once: under mpiexec, where every
+    rank's output is merged, a line written in two pieces can be split by another rank's."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError):  # a stdout with no file (captured): no other rank
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    data = (text + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _nccl_versions(backend: str) -> tuple[int, int]:
@@ -358,7 +373,7 @@ def _upstream_json(args: argparse.Namespace, argv: list[str], nccl_version: int)
     if not args.output_file:
         return None
     path, line = _nccl_json.claim(args.output_file)
-    print(line, flush=True)
+    say(line)
     return _nccl_json.NcclTestsJson(path, [args.prog, *argv], nccl_version) if path else None
 
 
