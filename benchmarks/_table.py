@@ -84,6 +84,8 @@ def preamble(
         f"{args.agg_iters} validation: {args.check} graph: 0 unalign: 0",
     ]
     lines += [_BLOCKING[args.blocking]] if args.blocking else []
+    if args.parallel_init:  # accepted, and changes nothing here: one thread per process
+        lines.append("# Parallel Init Enabled: threads call into NcclInitRank concurrently ")
     lines += ["#", "# Using devices"]
     for rank, pid, host, device, bus, name in where:
         lines.append(

@@ -43,7 +43,7 @@ RUNS = {
     "reduce_scatter_perf": ["-d", "double", "-o", "prod"],
     "alltoall_perf": ["-C", "1", "-z", "2"],
     "gather_perf": ["-d", "bfloat16", "-r", "0x1"],
-    "scatter_perf": ["-c", "0"],
+    "scatter_perf": ["-c", "0", "-p", "1"],
     "sendrecv_perf": ["-b", "16", "-e", "16", "-o", "all"],
     "hypercube_perf": ["-d", "uint8"],
 }
@@ -102,6 +102,8 @@ def expected_lines(program: str, doc: dict, path: str, ours: str) -> list[str]:
     ]  # fmt: skip
     if c["blocking_collectives"] == "true":  # -z 2 in these runs
         lines.append("# Blocking Enabled: wait after each inner iteration (-m), no barrier ")
+    if c["parallel_init"] == "true":
+        lines.append("# Parallel Init Enabled: threads call into NcclInitRank concurrently ")
     lines += ["#", "# Using devices"]
     for d in c["devices"]:
         lines.append("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s"
