@@ -125,13 +125,8 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
     a("-m", "--agg_iters", type=_int_arg, default=1, help="calls per timed iteration (1)")
     a("-w", "--warmup_iters", type=_int_arg, default=1 if perf else 5, help="warm-up calls")
     a("-N", "--run_cycles", type=_int_arg, default=1, help="sweeps of each type, op and root (1)")
-    a(
-        "-c",
-        "--check",
-        type=_int_arg,
-        default=1,
-        help="checked calls per size and form (1; 0: none)",
-    )
+    a("-c", "--check", type=_int_arg, default=1,
+      help="checked calls per size and form (1; 0: none)")  # fmt: skip
     a("-o", "--op" if perf else "--op-reduce", dest="redop", default="sum",
       help="reduce op: sum, prod, max, min, avg or all (sum)")  # fmt: skip
     a("-d", "--datatype", dest="dtype", default="float" if perf else "float32",
@@ -140,25 +135,15 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
       help="root of rooted collectives; -1 or every: each rank in turn (0)")  # fmt: skip
     a("-z", "--blocking", type=_int_arg, default=0, help="wait (and barrier) after each call: 0-3")
     a("-T", "--timeout", type=float, default=0, help="seconds before a call is declared hung")
-    a(
-        "-C",
-        "--report_cputime",
-        type=_int_arg,
-        default=0,
-        help="1: time until the calls returned (cputime)",
-    )
+    a("-C", "--report_cputime", type=_int_arg, default=0,
+      help="1: time until the calls returned (cputime)")  # fmt: skip
     a("-S", "--report_timestamps", type=_int_arg, default=0, help="1: a timestamp column")
     a("-J", "--output_file", default=None, metavar="PATH",
       help="nccl-tests' JSON, if PATH ends in .json (never overwritten: PATH.0, PATH.1...)")  # fmt: skip
     a("--json", default=None, metavar="PATH",
       help="rows, baselines and run metadata as JSON, this project's layout (overwritten)")  # fmt: skip
-    a(
-        "-a",
-        "--average",
-        type=_int_arg,
-        default=1,
-        help="over ranks: 0 rank 0, 1 mean, 2 min, 3 max",
-    )
+    a("-a", "--average", type=_int_arg, default=1,
+      help="over ranks: 0 rank 0, 1 mean, 2 min, 3 max")  # fmt: skip
     a("-x", "--cta_policy", default=None, help="not settable")
     a("-V", "--device_cta_count", type=_int_arg, default=16, help="no effect without -D")
     a("-K", "--per_iter_skip", type=_int_arg, default=0, help="no effect without -I")
