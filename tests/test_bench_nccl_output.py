@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -317,3 +318,28 @@ def test_json_name_rules_as_nccl_tests(tmp_path, monkeypatch):
     assert Path("run.json").read_text() == "theirs"
     assert _nccl_json.claim("no/such/dir/run.json") == (
         None, "# skipping json output; no/such/dir/run.json not accessible")  # fmt: skip
+
+
+# How two parsers written for nccl-tests read a row (their logic, restated): Microsoft
+# superbench's nccl-bw takes the out-of-place busbw as the 6th token from the end; AWS's
+# nccl_to_csv.py matches 13 columns from the start, N/A allowed only in the #wrong columns,
+# and only nccl-tests' float, double, int, half types and sum..none ops.
+_AWS_ROW = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+(float|double|int|half)\s+(sum|prod|max|min|none)\s+(-?\d+)"
+    + r"\s+(\d+\.?\d*)\s+(\d+\.?\d*)\s+(\d+\.?\d*)\s+(\d+|N/A)" * 2
+)
+
+
+@pytest.mark.parametrize("program", [p for p in RUNS if p != "hypercube_perf"])
+def test_parsers_written_for_nccl_tests_read_every_row(two_ranks, program):
+    tmp, outputs = two_ranks
+    doc = json.loads((tmp / f"{program}.json").read_text())
+    rows = [line for line in outputs[program] if line and not line.startswith("#")]
+    assert len(rows) == len(doc["results"])
+    for line, result in zip(rows, doc["results"]):
+        assert float(line.split()[-6]) == float(get_float_str(result["out_of_place"]["bus_bw"], 6))
+        # rows nccl-tests itself prints with other types or ops (avg) are not the parser's
+        if result["type"] in ("float", "double", "half") and result["redop"] != "avg":
+            match = _AWS_ROW.match(line)
+            assert match is not None, line
+            assert int(match.group(1)) == result["size"] and match.group(4) == result["redop"]
