@@ -60,15 +60,17 @@ def counts(op: str, nbytes: int, itemsize: int, size: int) -> Counts:
     Example:
         >>> counts("all_gather", 1024, 4, 4)  # 256 floats in all, 64 from each rank
         Counts(count=64, send=64, recv=256)
+        >>> counts("all_gather", 240, 4, 3)  # 20 floats per rank, trimmed to 16 (4 blocks)
+        Counts(count=16, send=16, recv=48)
     """
     _check_op(op, "counts")
     total = nbytes // itemsize
-    if op == HYPERCUBE:  # whole 16-byte chunks per rank, as nccl-tests
-        per_rank = (total // size) & ~(16 // itemsize - 1)
-        return Counts(per_rank, per_rank, per_rank * size)
-    if op not in _PER_RANK:
+    if op not in _PER_RANK and op != HYPERCUBE:
         return Counts(total, total, total)
-    per_rank = total // size
+    # whole 16-byte blocks per rank, as nccl-tests' GetCollByteCount of each of these
+    per_rank = (total // size) & ~(max(16 // itemsize, 1) - 1)
+    if op == HYPERCUBE:
+        return Counts(per_rank, per_rank, per_rank * size)
     return Counts(
         per_rank,
         per_rank * size if op in _SEND_TIMES_SIZE else per_rank,

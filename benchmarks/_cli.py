@@ -27,7 +27,7 @@ from collectives import InvalidArgumentError
 from ._baselines import BASELINES
 from ._busbw import OPS, REDUCING, ROOTED
 from ._data import NCCL_TYPES, REDOPS, storage_dtype, type_name
-from ._sizes import DEFAULT_STEP, parse_size, size_sweep
+from ._sizes import DEFAULT_STEP, c_integer, parse_size, size_sweep
 
 #: nccl-tests' program for each collective
 PROGRAMS = {
@@ -94,6 +94,14 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _int_arg(text: str) -> int:
+    """An integer flag's value as nccl-tests reads it (``strtol(..., 0)``: ``0x4`` is 4)."""
+    try:
+        return c_integer(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("c_integer: ")) from None
+
+
 def parser(collective: str | None = None) -> argparse.ArgumentParser:
     """nccl-tests' command line for ``collective``'s program, or, with None, the
     ``benchmarks.collective`` one (``--op`` picks the collective; its own defaults)."""
@@ -107,39 +115,45 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
     a = p.add_argument
     for flag, dest, allowed, _ in _NEUTRAL:  # the flags that change nothing here
         only = "/".join(str(v) for v in sorted(allowed))
-        a(flag, f"--{dest}", type=int, default=min(allowed), help=f"{only} only")
+        a(flag, f"--{dest}", type=_int_arg, default=min(allowed), help=f"{only} only")
     a("-b", "--minbytes", type=_size_arg, default=32 << 20 if perf else 8, help="min size")
     a("-e", "--maxbytes", type=_size_arg, default=32 << 20, help="max size (32M)")
     a("-i", "--stepbytes", type=_size_arg, default=None, help="size increment (1M)")
-    a("-f", "--stepfactor", type=int, default=1 if perf else None,
+    a("-f", "--stepfactor", type=_int_arg, default=1 if perf else None,
       help="size multiplication factor; above 1 it wins over -i" + ("" if perf else " (2)"))  # fmt: skip
-    a("-n", "--iters", type=int, default=20, help="timed calls per block (20)")
-    a("-m", "--agg_iters", type=int, default=1, help="calls per timed iteration (1)")
-    a("-w", "--warmup_iters", type=int, default=1 if perf else 5, help="warm-up calls")
-    a("-N", "--run_cycles", type=int, default=1, help="times the whole sweep runs (1)")
-    a("-c", "--check", type=int, default=1, help="checked calls per size and form (1; 0: none)")
+    a("-n", "--iters", type=_int_arg, default=20, help="timed calls per block (20)")
+    a("-m", "--agg_iters", type=_int_arg, default=1, help="calls per timed iteration (1)")
+    a("-w", "--warmup_iters", type=_int_arg, default=1 if perf else 5, help="warm-up calls")
+    a("-N", "--run_cycles", type=_int_arg, default=1, help="sweeps of each type, op and root (1)")
+    a("-c", "--check", type=_int_arg, default=1,
+      help="checked calls per size and form (1; 0: none)")  # fmt: skip
     a("-o", "--op" if perf else "--op-reduce", dest="redop", default="sum",
       help="reduce op: sum, prod, max, min, avg or all (sum)")  # fmt: skip
     a("-d", "--datatype", dest="dtype", default="float" if perf else "float32",
       help=f"type: {', '.join(NCCL_TYPES)} or all (float)")  # fmt: skip
-    a("-r", "--root", default="0", help="root of rooted collectives, or all (-1) (0)")
-    a("-z", "--blocking", type=int, default=0, help="wait (and barrier) after each call: 0-3")
+    a("-r", "--root", default="0",
+      help="root of rooted collectives; -1 or every: each rank in turn (0)")  # fmt: skip
+    a("-z", "--blocking", type=_int_arg, default=0, help="wait (and barrier) after each call: 0-3")
     a("-T", "--timeout", type=float, default=0, help="seconds before a call is declared hung")
-    a("-C", "--report_cputime", type=int, default=0, help="label times cputime (host clock)")
-    a("-S", "--report_timestamps", type=int, default=0, help="1: a timestamp column")
-    a("-J", "--output_file", "--json", dest="json", default=None, metavar="PATH",
-      help="write rows + metadata as JSON (this project's layout)")  # fmt: skip
-    a("-a", "--average", type=int, default=1, help="over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
+    a("-C", "--report_cputime", type=_int_arg, default=0,
+      help="1: time until the calls returned (cputime)")  # fmt: skip
+    a("-S", "--report_timestamps", type=_int_arg, default=0, help="1: a timestamp column")
+    a("-J", "--output_file", default=None, metavar="PATH",
+      help="nccl-tests' JSON, if PATH ends in .json (never overwritten: PATH.0, PATH.1...)")  # fmt: skip
+    a("--json", default=None, metavar="PATH",
+      help="rows, baselines and run metadata as JSON, this project's layout (overwritten)")  # fmt: skip
+    a("-a", "--average", type=_int_arg, default=1,
+      help="over ranks: 0 rank 0, 1 mean, 2 min, 3 max")  # fmt: skip
     a("-x", "--cta_policy", default=None, help="not settable")
-    a("-V", "--device_cta_count", type=int, default=16, help="no effect without -D")
-    a("-K", "--per_iter_skip", type=int, default=0, help="no effect without -I")
+    a("-V", "--device_cta_count", type=_int_arg, default=16, help="no effect without -D")
+    a("-K", "--per_iter_skip", type=_int_arg, default=0, help="no effect without -I")
     a("--backend", default="auto", choices=("auto", "mpi", "nccl"))
     a("--algorithm", default="flat", choices=("flat", "hierarchical"),
       help="hierarchical: all_reduce, reduce_scatter, all_gather through col.hierarchical "
       "(nodes: the shared-memory split, or COLLECTIVES_RANKS_PER_NODE)")  # fmt: skip
     a("--baseline", default=None, choices=(*BASELINES, "flat"),
       help="raw library to compare with (flat: this library's flat calls, for --algorithm)")  # fmt: skip
-    a("--rounds", type=int, default=None,
+    a("--rounds", type=_int_arg, default=None,
       help="timed blocks per size and form (1; 5 with --baseline)")  # fmt: skip
     a("--stat", default="median", choices=("median", "min"), help="over rounds")
     a("--plot", default=None, metavar="PATH", help="draw busbw vs size (PNG)")
@@ -173,6 +187,7 @@ def _resolve(args: argparse.Namespace) -> None:
         factor = 1 if args.stepbytes is not None else 2
     # the header's "step:" as nccl-tests prints it
     args.step = f"{factor}(factor)" if factor > 1 else f"{args.stepbytes or DEFAULT_STEP}(bytes)"
+    args.factor = factor
     if args.rounds is None:
         args.rounds = 5 if args.baseline else 1
     for flag, value, least in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
@@ -194,8 +209,20 @@ def _resolve(args: argparse.Namespace) -> None:
         if not 0 <= value <= top:
             raise InvalidArgumentError(f"{flag} must be in 0..{top}, got {value}")
     args.types = _types(args.dtype)
-    args.redops = _redops(args.redop) if args.op is None or args.op in REDUCING else ["sum"]
+    redops = _redops(args.redop)  # read (and warned about) whatever the collective
+    args.redops = redops if args.op is None or args.op in RUN_PER_REDOP else ["sum"]
     args.roots = _roots(args.root)
+
+
+#: the collectives whose sweep runs once per reduce op (-o): the reductions and, as in
+#: nccl-tests, sendrecv (which only prints the op)
+RUN_PER_REDOP = REDUCING | {"sendrecv"}
+
+
+def _fallback(what: str, name: str, default: str) -> None:
+    """nccl-tests' answer to an unknown -d or -o: a warning on stdout, then its default."""
+    if launcher_rank() == 0:
+        print(f"invalid {what} {name}, defaulting to {default} .. ", flush=True)
 
 
 def _types(name: str) -> list[np.dtype]:
@@ -203,7 +230,11 @@ def _types(name: str) -> list[np.dtype]:
         return [storage_dtype(t) for t in NCCL_TYPES]
     if name in _WHY_NOT:
         raise InvalidArgumentError(f"-d {name} is not supported here: {_WHY_NOT[name]}")
-    return [storage_dtype(_ALIASES.get(name, name))]
+    name = _ALIASES.get(name, name)
+    if name not in NCCL_TYPES:
+        _fallback("type", name, "float")
+        name = "float"
+    return [storage_dtype(name)]
 
 
 def _redops(name: str) -> list[str]:
@@ -212,29 +243,32 @@ def _redops(name: str) -> list[str]:
     if name in _WHY_NOT:
         raise InvalidArgumentError(f"-o {name} is not supported here: {_WHY_NOT[name]}")
     if name not in REDOPS:
-        raise InvalidArgumentError(
-            f"reduce op (-o) must be one of {', '.join(REDOPS)} or all, got {name!r}"
-        )
+        _fallback("op", name, "sum")
+        name = "sum"
     return [name]
 
 
 def _roots(text: str) -> list[int] | None:
-    if text in ("all", "-1"):
+    """``-r``: a rank; ``-1`` (nccl-tests) or ``every``: each rank in turn; ``all`` is
+    root 0, as nccl-tests' ``strtol`` reads it."""
+    if text.strip() in ("every", "-1"):
         return None
+    if text.strip() == "all":
+        return [0]
     try:
-        root = int(text)
-    except ValueError:
+        root = c_integer(text)
+    except InvalidArgumentError:
         root = -2
     if root < 0:
-        raise InvalidArgumentError(f"root (-r) must be a rank, all or -1, got {text!r}")
+        raise InvalidArgumentError(f"root (-r) must be a rank, -1 or every, got {text!r}")
     return [root]
 
 
 def combinations(args: argparse.Namespace, size: int) -> list[tuple[np.dtype, str, int]]:
     """(type, reduce op, root) in nccl-tests' order: types, then ops, then roots; a
-    collective without a reduce op or root runs once per type."""
+    collective without a reduce op or root runs once per type (sendrecv once per op)."""
     op = args.op
-    redops = args.redops if op in REDUCING else ["none"]
+    redops = args.redops if op in RUN_PER_REDOP else ["none"]
     roots = (args.roots or list(range(size))) if op in ROOTED else [-1]
     return [(t, o, r) for t in args.types for o in redops for r in roots]
 

@@ -27,8 +27,8 @@ class Ours:
         self.comm = comm
 
     def build(self, case: Case) -> Built | None:
-        """The call and its result getter, or None where the API has no such form
-        (broadcast out of place, sendrecv in place)."""
+        """The call and its result getter (the getter returns None where nothing is checked:
+        non-roots of reduce and gather, sendrecv in place)."""
         c, op, root, s, r, b = self.comm, case.redop, case.root, case.send, case.recv, case.buf
         # bfloat16 buffers are uint16 bits: the calls get them wrapped, the checks read the bits
         w = as_bfloat16 if is_bfloat16(case.dtype) else _same
@@ -47,7 +47,12 @@ class Ours:
             return (lambda: f(S, root, op, out=R)), mine
         if case.op == "broadcast":
             f = c.broadcast
-            return ((lambda: f(B, root)), lambda: b) if case.inplace else None
+            if case.inplace:
+                return (lambda: f(B, root)), lambda: b
+            # out of place, as nccl-tests' ncclBroadcast(send, recv): the root's send buffer
+            # is read (its x is only read by the API), the others' receive buffers written
+            X, x = (S, s) if case.is_root else (R, r)
+            return (lambda: f(X, root)), lambda: x
         if case.op == "all_gather":
             f = c.all_gather
             if case.inplace:
@@ -91,17 +96,18 @@ class Ours:
             out = b if case.inplace else r
             return _hypercube(c, out, None if case.inplace else s, case.rank, w), lambda: out
         if case.op == "sendrecv":
-            if case.inplace:
-                return None
             nxt, prv = (case.rank + 1) % case.size, (case.rank - 1) % case.size
             group, send, recv = c.group, c.send, c.recv
+            # in place, as nccl-tests: one buffer sent and received into at once; timed,
+            # never checked (nccl-tests prints N/A in its #wrong column)
+            src, dst = (B, B) if case.inplace else (S, R)
 
             def sendrecv() -> None:
                 with group():
-                    send(S, nxt)
-                    recv(R, prv)
+                    send(src, nxt)
+                    recv(dst, prv)
 
-            return sendrecv, lambda: r
+            return sendrecv, (lambda: None) if case.inplace else (lambda: r)
         return None
 
     def close(self) -> None:

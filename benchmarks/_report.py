@@ -7,6 +7,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import socket
 import sys
@@ -82,8 +83,6 @@ def metadata(comm: Any, args: Any, argv: list[str]) -> dict[str, Any]:
 
 
 def _cpu_count() -> int | None:
-    import os
-
     return os.cpu_count()
 
 
@@ -96,12 +95,35 @@ def _device_name() -> str | None:
         return None
 
 
-def write_json(path: str | Path, meta: dict[str, Any], rows: list[dict], totals: dict) -> None:
-    """``{"metadata": ..., "rows": [...], "summary": ...}``, indented, to ``path``."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"metadata": meta, "rows": rows, "summary": totals}, f, indent=1)
-        f.write("\n")
+def write_json(
+    path: str | Path, meta: dict[str, Any], rows: list[dict], totals: dict, complete: bool = True
+) -> None:
+    """``{"metadata": ..., "rows": [...], "summary": ..., "complete": ...}``, indented, to
+    ``path``, atomically: called after every row (``complete`` False until the last), so
+    that a run stopped mid-sweep leaves every row it measured in a whole file.
+
+    Example:
+        >>> write_json("out.json", {"op": "all_reduce"}, [], {"wrong": 0}, complete=False)
+    """
+    text = json.dumps(
+        {"metadata": meta, "rows": rows, "summary": totals, "complete": complete}, indent=1
+    )
+    atomic_write(path, text + "\n")
+
+
+def atomic_write(path: str | Path, text: str) -> None:
+    """Replace ``path`` by ``text`` at once: readers (and a run killed mid-write) see the
+    old file or the new one, never half of one.
+
+    Example:
+        >>> atomic_write("out.json", "{}")
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def plot(path: str | Path, meta: dict[str, Any], rows: list[dict]) -> None:

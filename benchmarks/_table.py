@@ -11,12 +11,15 @@ A row is a dict (the same one ``--json`` writes)::
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
 from ._cli import PROGRAMS
 
 PLACEMENTS = ("out_of_place", "in_place")
+#: the nccl-tests release whose output these programs match
+NCCL_TESTS_VERSION = "2.19.6"
 
 
 def float_str(value: float, width: int) -> str:
@@ -56,14 +59,23 @@ def _baseline_cells(row: dict[str, Any]) -> str:
     return out
 
 
-def preamble(args: Any, backend: str, where: list[tuple], nodes: str | None = None) -> str:
-    """nccl-tests' lines before the table: the run's settings and one line per rank
-    (``where``: rank, pid, host, device, PCI id, device name; ``nodes``: a hierarchical
-    view's nodes in words)."""
+def preamble(
+    args: Any,
+    backend: str,
+    where: list[tuple],
+    nodes: str | None = None,
+    nccl: tuple[int, int] = (0, 0),
+) -> str:
+    """nccl-tests' lines before the table: its version line (``nccl``: the NCCL version
+    built against and loaded, 0 on the MPI backend), ours, the run's settings and one line
+    per rank (``where``: rank, pid, host, device, PCI id, device name; ``nodes``: a
+    hierarchical view's nodes in words)."""
     program = PROGRAMS[args.op]
     extra = f" rounds: {args.rounds} ({args.stat})" if args.rounds > 1 else ""
     lines = [
-        f"# collectives benchmark, nccl-tests output; backend {backend}{extra}"
+        f"# nccl-tests version {NCCL_TESTS_VERSION} nccl-headers={nccl[0]} nccl-library={nccl[1]}",
+        f"# collectives benchmark, nccl-tests {NCCL_TESTS_VERSION} output; backend "
+        f"{backend}{extra}"
         + (f", hierarchical over {nodes}" if nodes else "")
         + (f" baseline: {args.baseline}" if args.baseline else ""),
         f"# Collective test starting: {program}",
@@ -72,6 +84,8 @@ def preamble(args: Any, backend: str, where: list[tuple], nodes: str | None = No
         f"{args.agg_iters} validation: {args.check} graph: 0 unalign: 0",
     ]
     lines += [_BLOCKING[args.blocking]] if args.blocking else []
+    if args.parallel_init:  # accepted, and changes nothing here: one thread per process
+        lines.append("# Parallel Init Enabled: threads call into NcclInitRank concurrently ")
     lines += ["#", "# Using devices"]
     for rank, pid, host, device, bus, name in where:
         lines.append(
@@ -146,8 +160,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     wrong = sum(cell["wrong"] or 0 for cell in cells)
     out: dict[str, Any] = {
         "wrong": wrong,
-        "failed": sum(1 for cell in cells if cell["wrong"]),
-        "avg_busbw": statistics.fmean(c["busbw"] for c in cells) if cells else 0.0,
+        # nccl-tests' "Out of bounds values": per rank, the results it found wrong, summed
+        "failed": sum(cell.get("ranks_wrong", 1 if cell["wrong"] else 0) for cell in cells),
+        # no cell: nccl-tests divides 0 by 0 (hypercube on a world not a power of 2)
+        "avg_busbw": statistics.fmean(c["busbw"] for c in cells) if cells else math.nan,
     }
     based = [row for row in rows if row.get("baseline")]
     if based:
@@ -166,13 +182,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def footer(totals: dict[str, Any], program: str = "") -> str:
-    """nccl-tests' closing lines: how many results were wrong, ``Avg bus bandwidth``, and
-    (given ``program``) the ``Collective test concluded`` line; with a baseline, its lines
-    before that and the :func:`verdict` after it."""
+def footer(totals: dict[str, Any], program: str = "", min_bw: float | None = None) -> str:
+    """nccl-tests' closing lines: how many results were wrong, ``Avg bus bandwidth`` (``OK``
+    or ``FAILED`` against ``min_bw``, nccl-tests' ``NCCL_TESTS_MIN_BW``), and, given
+    ``program``, the ``Collective test concluded`` line, ``#`` and an empty line; with a
+    baseline, its lines before the ``#`` and the :func:`verdict` after the concluded line."""
     lines = [
         f"# Out of bounds values : {totals['failed']} {'FAILED' if totals['failed'] else 'OK'}",
-        f"# Avg bus bandwidth    : {totals['avg_busbw']:g} ",
+        f"# Avg bus bandwidth    : {c_g(totals['avg_busbw'])} {bandwidth_verdict(totals, min_bw)}",
     ]
     if "baseline" in totals:
         name = totals["baseline"]
@@ -180,7 +197,7 @@ def footer(totals: dict[str, Any], program: str = "") -> str:
             f"# {name} out of bounds values : {totals['baseline_wrong']} "
             f"{'FAILED' if totals['baseline_wrong'] else 'OK'}"
         )
-        lines.append(f"# {name} avg bus bandwidth    : {totals['baseline_avg_busbw']:g} ")
+        lines.append(f"# {name} avg bus bandwidth    : {c_g(totals['baseline_avg_busbw'])} ")
         ratio = totals["median_ratio"]
         lines.append(
             f"# Median time ratio ours/{name} : {'N/A' if ratio is None else f'{ratio:.3f}'}"
@@ -188,8 +205,28 @@ def footer(totals: dict[str, Any], program: str = "") -> str:
     if program:
         lines += ["#", f"# Collective test concluded: {program}"]
     if "baseline" in totals:
-        lines.append(verdict(totals))  # last: the line to read at a glance
+        lines.append(verdict(totals))  # where nccl-tests prints its -M memory line
+    if program:
+        lines += ["#", ""]  # nccl-tests' finalizeFooter and writeErrors (no error)
     return "\n".join(lines)
+
+
+def bandwidth_verdict(totals: dict[str, Any], min_bw: float | None) -> str:
+    """nccl-tests' word after the average busbw: none unless ``NCCL_TESTS_MIN_BW`` is set,
+    then ``FAILED`` below 0.9 times it, else ``OK``."""
+    if min_bw is None:
+        return ""
+    return "FAILED" if totals["avg_busbw"] < min_bw * 0.9 else "OK"
+
+
+def c_g(value: float) -> str:
+    """C's ``%g``: a NaN is ``-nan`` (glibc on x86-64 prints nccl-tests' 0.0 / 0.0 so).
+
+    Example:
+        >>> c_g(1.5), c_g(float("nan"))
+        ('1.5', '-nan')
+    """
+    return "-nan" if math.isnan(value) else f"{value:g}"
 
 
 def verdict(totals: dict[str, Any]) -> str:

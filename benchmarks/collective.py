@@ -32,7 +32,7 @@ import numpy as np
 
 from collectives import InvalidArgumentError
 
-from . import _cli, _data, _report, _table
+from . import _cli, _data, _nccl_json, _report, _table
 from ._baselines import make_baseline
 from ._busbw import HYPERCUBE, REDUCING, ROOTED, bandwidths, counts, row_bytes
 from ._case import Case
@@ -56,31 +56,38 @@ def _synchronizer(xp: Any) -> Callable[[], None]:
     return xp.cuda.Device().synchronize
 
 
-def _time_block(call: Callable[[], Any], iters: int, sync: Callable[[], None], barrier) -> float:
-    """Seconds per call over ``iters`` back-to-back calls, started together on all ranks."""
+def _time_block(
+    call: Callable[[], Any], iters: int, sync: Callable[[], None], barrier
+) -> tuple[float, float]:
+    """Seconds per call over ``iters`` back-to-back calls, started together on all ranks, as
+    nccl-tests times them: the host clock from a barrier to the device synchronisation after
+    the last call; and, for ``-C``, the host time until the last call returned."""
     sync()
     barrier()
     start = time.perf_counter()
     for _ in range(iters):
         call()
+    issued = time.perf_counter()
     sync()
-    return (time.perf_counter() - start) / iters
+    return (time.perf_counter() - start) / iters, (issued - start) / iters
 
 
-def _cell(op: str, count: int, dtype: np.dtype, size: int, seconds: float, wrong: int | None):
+def _cell(op: str, count: int, dtype: np.dtype, size: int, seconds: float, wrong: int | None,
+          ranks_wrong: int = 0) -> dict[str, Any]:  # fmt: skip
     algbw, busbw = bandwidths(op, count, dtype.itemsize, size, seconds)
-    return {"time_us": seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": wrong}
+    cell = {"time_us": seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": wrong}
+    # nccl-tests' "Out of bounds values" adds, per rank, the results it found wrong
+    cell["ranks_wrong"] = ranks_wrong
+    return cell
 
 
 def measure_size(
     comm: Any, args: argparse.Namespace, nbytes: int, runners: list[Any], mpi: Any, xp: Any
-) -> dict[str, Any] | None:
-    """One row of the table (None when ``nbytes`` holds no element per rank); ``args``
-    holds one type, reduce op and root."""
+) -> dict[str, Any]:
+    """One row of the table (a size that holds no element per rank is a row of count 0,
+    as in nccl-tests); ``args`` holds one type, reduce op and root."""
     op, dtype, n = args.op, np.dtype(args.dtype), comm.size
     c = counts(op, nbytes, dtype.itemsize, n)
-    if c.count == 0:
-        return None
     sync = _synchronizer(xp)
     # ours and the baseline share these buffers: same memory, same pages, same cache state
     cases = {
@@ -98,19 +105,22 @@ def measure_size(
         and (b := runner.build(cases[p])) is not None
     }
     wrong = _check_and_warm_up(built, cases, args, sync)
-    seconds = _over_ranks(mpi.allgather(_time_rounds(built, args, sync, mpi.Barrier)), args)
-    wrong = np.sum(mpi.allgather(wrong), axis=0)
+    timed = _time_rounds(built, args, sync, mpi.Barrier)[int(bool(args.report_cputime))]
+    seconds = _over_ranks(mpi.allgather(timed), args)
+    per_rank = np.stack(mpi.allgather(wrong))  # (ranks, forms, checks)
     pick = statistics.median if args.stat == "median" else min
-    cells = {
-        key: _cell(op, c.count, dtype, n, pick(seconds[:, j].tolist()),
-                   int(wrong[j]) if args.check else None)
-        for j, key in enumerate(built)
-    }  # fmt: skip
+    cells = {}
+    for j, key in enumerate(built):
+        # sendrecv in place is timed, never checked, as nccl-tests ("#wrong" N/A)
+        checked = args.check and not (op == "sendrecv" and key[1] == "in_place")
+        found, ranks = _first_wrong_check(per_rank[:, j, :])
+        cells[key] = _cell(op, c.count, dtype, n, pick(seconds[:, j].tolist()),
+                           found if checked else None, ranks if checked else 0)  # fmt: skip
     row: dict[str, Any] = {
         "size": row_bytes(c, dtype.itemsize),
         "count": c.count,
         "type": _data.type_name(dtype),
-        "redop": args.redop if op in REDUCING else "none",
+        "redop": _redop_column(op, args.redop),
         "root": args.root if op in ROOTED else -1,
     }
     for p in _table.PLACEMENTS:
@@ -129,6 +139,24 @@ def measure_size(
     return row
 
 
+def _redop_column(op: str, redop: str) -> str:
+    """nccl-tests' redop column: the op for the reductions and sendrecv (which runs once per
+    ``-o`` op), blank for hypercube, ``none`` for the others."""
+    if op in REDUCING or op == "sendrecv":
+        return redop
+    return "" if op == HYPERCUBE else "none"
+
+
+def _first_wrong_check(wrong: np.ndarray) -> tuple[int, int]:
+    """(wrong elements, ranks with any) of the first check that went wrong anywhere, or of
+    the last one, from ``wrong`` (ranks, checks): nccl-tests stops checking at the first
+    wrong result and reports that check."""
+    totals = wrong.sum(axis=0)
+    bad = np.flatnonzero(totals)
+    c = int(bad[0]) if bad.size else wrong.shape[1] - 1
+    return int(totals[c]), int(np.count_nonzero(wrong[:, c]))
+
+
 def _over_ranks(per_rank: list[np.ndarray], args: argparse.Namespace) -> np.ndarray:
     """Each rank's seconds made one, as nccl-tests' ``-a``: rank 0's, the mean, min or max."""
     stacked = np.stack(per_rank)
@@ -137,16 +165,16 @@ def _over_ranks(per_rank: list[np.ndarray], args: argparse.Namespace) -> np.ndar
 
 def _check_and_warm_up(built: dict, cases: dict, args: argparse.Namespace, sync) -> np.ndarray:
     """Run each form ``-c`` times (once with ``-c 0``) on fresh data and count wrong
-    elements; then the warm-up calls."""
-    wrong = np.zeros(len(built), np.int64)
+    elements, (forms, checks); then the warm-up calls."""
+    wrong = np.zeros((len(built), max(1, args.check)), np.int64)
     for j, ((_, p), (call, result)) in enumerate(built.items()):
-        for _ in range(max(1, args.check)):
+        for k in range(max(1, args.check)):
             cases[p].reset()
             sync()
             call()
             sync()
             if args.check:
-                wrong[j] += _data.count_wrong(result(), cases[p].expected())
+                wrong[j, k] = _data.count_wrong(result(), cases[p].expected())
         for _ in range(args.warmup_iters):
             call()
         sync()
@@ -154,16 +182,17 @@ def _check_and_warm_up(built: dict, cases: dict, args: argparse.Namespace, sync)
 
 
 def _time_rounds(built: dict, args: argparse.Namespace, sync, barrier) -> np.ndarray:
-    """Seconds per call, (rounds, forms): ours and the baseline alternate, block by block."""
+    """Seconds per call, (2, rounds, forms): to the synchronisation, and to the last call's
+    return (``-C``); ours and the baseline alternate, block by block."""
     keys = list(built)
-    seconds = np.zeros((args.rounds, len(keys)))
+    seconds = np.zeros((2, args.rounds, len(keys)))
     for r in range(args.rounds):
         for p in _table.PLACEMENTS:
             js = [j for j, key in enumerate(keys) if key[1] == p]
             # odd rounds run the baseline first, so that neither side always follows the other
             for j in js if r % 2 == 0 else reversed(js):
                 call = _blocking(built[keys[j]][0], args.blocking, sync, barrier)
-                seconds[r, j] = _time_block(call, args.iters * args.agg_iters, sync, barrier)
+                seconds[:, r, j] = _time_block(call, args.iters * args.agg_iters, sync, barrier)
     return seconds
 
 
@@ -182,32 +211,41 @@ def run(
     args: argparse.Namespace,
     baseline: Any = None,
     emit: Callable[[str], None] = print,
+    on_row: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_devices: Callable[[list[tuple]], None] | None = None,
+    nccl: tuple[int, int] = (0, 0),
 ) -> list[dict[str, Any]]:
-    """The whole sweep, ``-N`` times: every size for each (type, reduce op, root), in one
-    table; ``emit`` gets it line by line (pass a no-op off rank 0)."""
+    """Each (type, reduce op, root) in turn, its size sweep ``-N`` times, in one table, as
+    nccl-tests; ``emit`` gets it line by line (pass a no-op off rank 0), ``on_row`` the rows
+    so far after each row (to save them as they come), ``on_devices`` the device lines."""
     check_roots(args, comm.size)
     xp = np if comm.backend == "mpi" else _cupy()
     runners = [Ours(comm)] + ([baseline] if baseline is not None else [])
     mpi = comm.mpi_comm.Dup()  # our own barrier and reductions, apart from what is timed
     try:
         where = mpi.gather(_where(comm), root=0) or []
-        emit(_table.preamble(args, comm.backend, where, getattr(comm, "described", None)))
+        if on_devices is not None:
+            on_devices(where)
+        nodes = getattr(comm, "described", None)
+        emit(_table.preamble(args, comm.backend, where, nodes, nccl))
         name = baseline.name if baseline is not None else None
         emit(_table.header(name, bool(args.report_cputime), bool(args.report_timestamps)))
         rows: list[dict[str, Any]] = []
         if args.op == HYPERCUBE and comm.size & (comm.size - 1):
-            emit(f"nRanks {comm.size} is not a power of 2, skipping")  # as nccl-tests
+            # nccl-tests prints this with printf, not its rank-0 PRINT: once per rank
+            say(f"nRanks {comm.size} is not a power of 2, skipping")
             return rows
-        for _ in range(args.run_cycles):
-            for dtype, redop, root in _cli.combinations(args, comm.size):
-                one = argparse.Namespace(**{**vars(args), "dtype": dtype, "redop": redop,
-                                            "root": max(root, 0)})  # fmt: skip
+        for dtype, redop, root in _cli.combinations(args, comm.size):
+            one = argparse.Namespace(**{**vars(args), "dtype": dtype, "redop": redop,
+                                        "root": max(root, 0)})  # fmt: skip
+            for _ in range(args.run_cycles):
                 for nbytes in args.sizes:
                     row = measure_size(comm, one, nbytes, runners, mpi, xp)
-                    if row is not None:
-                        rows.append(row)
-                        stamp = time.strftime(_table.TIMESTAMP) if args.report_timestamps else None
-                        emit(_table.format_row(row, stamp))
+                    rows.append(row)
+                    stamp = time.strftime(_table.TIMESTAMP) if args.report_timestamps else None
+                    emit(_table.format_row(row, stamp))
+                    if on_row is not None:
+                        on_row(rows)
         return rows
     finally:
         mpi.Free()
@@ -268,15 +306,27 @@ def main(argv: list[str] | None = None, collective: str | None = None) -> int:
             baseline = make_baseline(args.baseline, comm.mpi_comm, xp)
         lead = comm.rank == 0
         meta = _report.metadata(comm, args, argv)
-        rows = run(comm, args, baseline, emit=(lambda s: print(s, flush=True)) if lead else _quiet)
+        nccl = _nccl_versions(comm.backend)
+        upstream = _upstream_json(args, argv, nccl[1]) if lead else None
+        emit = say if lead else _quiet
+        rows = run(
+            comm, args, baseline, emit=emit,
+            on_row=_saver(args, meta, upstream) if lead else None,
+            on_devices=(lambda where: upstream.config(args, where)) if upstream else None,
+            nccl=nccl,
+        )  # fmt: skip
         totals = _table.summary(rows)
+        min_bw = _min_bw()
         if lead:
-            print(_table.footer(totals, _cli.PROGRAMS[args.op]), flush=True)
+            say(_table.footer(totals, _cli.PROGRAMS[args.op], min_bw))
+            if upstream is not None:
+                upstream.finish(totals, min_bw)
             if args.json:
                 _report.write_json(args.json, meta, rows, totals)
             if args.plot:
                 _report.plot(args.plot, meta, rows)
-        return 1 if totals["wrong"] or totals.get("baseline_wrong") else 0
+        low = min_bw is not None and totals["avg_busbw"] < min_bw * 0.9
+        return 1 if totals["wrong"] or totals.get("baseline_wrong") or low else 0
     finally:
         if baseline is not None:
             baseline.close()
@@ -287,6 +337,67 @@ def main(argv: list[str] | None = None, collective: str | None = None) -> int:
 
 def _quiet(line: str) -> None:
     pass
+
+
+def say(text: str) -> None:
+    """``text`` and a newline to stdout in one write, at once: under mpiexec, where every
+    rank's output is merged, a line written in two pieces can be split by another rank's."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError):  # a stdout with no file (captured): no other rank
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    data = (text + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _nccl_versions(backend: str) -> tuple[int, int]:
+    """(NCCL built against, NCCL loaded) as nccl-tests' version line gives them; 0 without
+    NCCL (the MPI backend)."""
+    if backend != "nccl":
+        return 0, 0
+    try:
+        from cupy.cuda import nccl
+
+        return int(nccl.get_build_version()), int(nccl.get_version())
+    except Exception:  # an odd CuPy build must not stop the benchmark over a header line
+        return 0, 0
+
+
+def _upstream_json(args: argparse.Namespace, argv: list[str], nccl_version: int):
+    """``-J``: nccl-tests' JSON file, claimed (never overwriting) and announced as nccl-tests
+    does, before its version line; None without ``-J`` or where nothing can be written."""
+    if not args.output_file:
+        return None
+    path, line = _nccl_json.claim(args.output_file)
+    say(line)
+    return _nccl_json.NcclTestsJson(path, [args.prog, *argv], nccl_version) if path else None
+
+
+def _saver(args: argparse.Namespace, meta: dict[str, Any], upstream: Any):
+    """Saves each row as it is measured: to ``-J``'s file and to ``--json``'s."""
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        if upstream is not None:
+            upstream.add(rows[-1], args)
+        if args.json:
+            _report.write_json(args.json, meta, rows, _table.summary(rows), complete=False)
+
+    return save
+
+
+def _min_bw() -> float | None:
+    """nccl-tests' ``NCCL_TESTS_MIN_BW``: the least average busbw (GB/s) that passes."""
+    text = os.environ.get("NCCL_TESTS_MIN_BW")
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0  # nccl-tests' atof
 
 
 if __name__ == "__main__":

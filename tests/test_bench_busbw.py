@@ -44,12 +44,20 @@ def test_counts(op, expected):
 
 
 def test_counts_round_down():
-    # 100 bytes of float32 = 25 elements; 6 per rank on 4 ranks; the row says 96 bytes
+    # 100 bytes of float32 = 25 elements; 6 per rank on 4 ranks, trimmed to whole 16-byte
+    # blocks as nccl-tests' GetCollByteCount: 4 per rank; the row says 64 bytes
     c = counts("all_gather", 100, 4, 4)
-    assert (c.count, c.recv, row_bytes(c, 4)) == (6, 24, 96)
+    assert (c.count, c.recv, row_bytes(c, 4)) == (4, 16, 64)
     assert counts("all_reduce", 7, 4, 2).count == 1
-    # hypercube: whole 16-byte chunks per rank, as nccl-tests (6 floats -> 4)
-    assert counts("hypercube", 100, 4, 4).count == 4 and counts("hypercube", 24, 1, 2).count == 0
+    # the example of nccl-tests at 3 ranks: 64 bytes of float is "48 4", not "60 5"
+    for op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "hypercube"):
+        c = counts(op, 64, 4, 3)
+        assert (row_bytes(c, 4), c.count) == (48, 4), op
+        # (count / nranks) & ~(16 / eltSize - 1), written out for 1-, 2- and 8-byte types
+        assert counts(op, 1000, 1, 3).count == (1000 // 3) & ~15
+        assert counts(op, 1000, 2, 3).count == (500 // 3) & ~7
+        assert counts(op, 1000, 8, 3).count == (125 // 3) & ~1
+    assert counts("hypercube", 24, 1, 2).count == 0  # size 0, count 0: a row all the same
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -59,7 +59,9 @@ def test_defaults_are_nccl_tests():
      ("-T", "--timeout", "30", "timeout", 30.0), ("-G", "--cudagraph", "0", "cudagraph", 0),
      ("-C", "--report_cputime", "1", "report_cputime", 1),
      ("-S", "--report_timestamps", "1", "report_timestamps", 1),
-     ("-J", "--output_file", "out.json", "json", "out.json"), ("-a", "--average", "3", "average", 3),
+     ("-J", "--output_file", "out.json", "output_file", "out.json"),
+     ("-a", "--average", "3", "average", 3), ("-n", "--iters", "0x10", "iters", 16),
+     ("-b", "--minbytes", "1.5K", "minbytes", 1536), ("-e", "--maxbytes", "1e3", "maxbytes", 1000),
      ("-R", "--local_register", "0", "local_register", 0),
      ("-D", "--device_implementation", "0", "device_implementation", 0),
      ("-V", "--device_cta_count", "8", "device_cta_count", 8), ("-M", "--memory", "0", "memory", 0),
@@ -72,17 +74,22 @@ def test_every_flag_short_and_long(short, long, value, dest, want):
 
 
 def test_types_ops_and_roots():
-    every = _parse(["-d", "all", "-o", "all", "-r", "all"], "reduce")
+    every = _parse(["-d", "all", "-o", "all", "-r", "-1"], "reduce")
     assert [type_name(t) for t in every.types] == list(NCCL_TYPES)
     assert every.redops == list(REDOPS) and every.roots is None
     combos = _cli.combinations(every, 3)
     assert len(combos) == len(NCCL_TYPES) * len(REDOPS) * 3
     assert [(type_name(t), o, r) for t, o, r in combos[:4]] == [
         ("int8", "sum", 0), ("int8", "sum", 1), ("int8", "sum", 2), ("int8", "prod", 0)]  # fmt: skip
-    assert _parse(["-r", "-1"], "broadcast").roots is None
+    assert _parse(["-r", "every"], "broadcast").roots is None
+    # nccl-tests reads -r with strtol: "all" is root 0
+    assert _parse(["-r", "all"], "broadcast").roots == [0]
     # a collective without a reduce op or root runs once per type
-    gather = _parse(["-d", "all", "-o", "all", "-r", "all"], "all_gather")
+    gather = _parse(["-d", "all", "-o", "all", "-r", "-1"], "all_gather")
     assert [(o, r) for _, o, r in _cli.combinations(gather, 3)] == [("none", -1)] * 10
+    # sendrecv runs once per -o op, as nccl-tests (which prints the op)
+    sendrecv = _parse(["-o", "all"], "sendrecv")
+    assert [o for _, o, _ in _cli.combinations(sendrecv, 2)] == list(REDOPS)
     for alias, name in (("float16", "half"), ("float32", "float"), ("float64", "double")):
         assert type_name(_parse(["-d", alias]).types[0]) == name
 
@@ -96,9 +103,9 @@ def test_sizes_as_nccl_tests():
 
 BAD = [
     (["-b", "1G", "-e", "8"], "max_bytes (-e) must be >= min_bytes (-b)"),
-     (["-b", "12X"], "size must be a byte count"), (["-d", "float8"], "dtype (-d) must be one of"),
+     (["-b", "12X"], "size must be a byte count"), (["-n", "20x"], "expected an integer"),
      (["-d", "f8e4m3"], "no 8-bit float"), (["-o", "mulsum"], "no mulsum"),
-     (["-o", "mean"], "reduce op (-o) must be one of"), (["-r", "x"], "root (-r) must be a rank"),
+     (["-r", "x"], "root (-r) must be a rank, -1 or every"),
      (["-t", "2"], "-t 2 is not supported here: one thread per process"),
      (["-g", "2"], "-g 2 is not supported here: one GPU per rank"),
      (["-G", "1"], "-G 1 is not supported"), (["-R", "1"], "-R 1 is not supported"),
@@ -123,6 +130,18 @@ def test_bad_flags_exit_2_with_one_usage_line(collective, argv, message, capsys)
     prog = f"python -m benchmarks.{_cli.PROGRAMS[collective] if collective else 'collective'}"
     assert usage == f"usage: {prog} [-h] [options]"
     assert error.startswith(f"{prog}: error: ") and message in error
+
+
+@pytest.mark.parametrize("flag,name,what,default", [("-d", "float8", "type", "float"),
+                                                    ("-o", "mean", "op", "sum")])  # fmt: skip
+def test_unknown_type_or_op_warns_and_falls_back_as_nccl_tests(flag, name, what, default, capsys):
+    args = _parse([flag, name])
+    assert capsys.readouterr().out == "invalid %s %s, defaulting to %s .. \n" % (
+        what,
+        name,
+        default,
+    )
+    assert [type_name(t) for t in args.types] == ["float"] and args.redops == ["sum"]
 
 
 def test_header_and_rows_are_nccl_tests_printf():
@@ -154,12 +173,17 @@ def test_header_and_rows_are_nccl_tests_printf():
         + "  %7s  %6s  %6s    N/A" % (" 123457", " 12.35", " 23.50")
     )
     totals = {"wrong": 0, "failed": 0, "avg_busbw": 23.5}
-    assert _table.footer(totals, "all_reduce_perf").splitlines() == [
+    assert _table.footer(totals, "all_reduce_perf").split("\n") == [
         "# %-20s : %d %s" % ("Out of bounds values", 0, "OK"),
         "# %-20s : %g %s" % ("Avg bus bandwidth", 23.5, ""),
         "#",
         "# Collective test concluded: all_reduce_perf",
+        "#",  # finalizeFooter
+        "",  # writeErrors: an empty line when NCCL reports no error
     ]
+    # NCCL_TESTS_MIN_BW: OK at or above 0.9 times it, else FAILED
+    assert _table.footer(totals, "x", min_bw=26.0).split("\n")[1].endswith(" 23.5 OK")
+    assert _table.footer(totals, "x", min_bw=26.2).split("\n")[1].endswith(" 23.5 FAILED")
 
 
 def _launch(argv: list[str]) -> subprocess.CompletedProcess:
@@ -181,8 +205,8 @@ timing = {"all_gather_perf": ["-a", "0", "-m", "2", "-z", "1", "-c", "3"],
           "sendrecv_perf": ["-a", "2", "-z", "3", "-N", "2"],
           "hypercube_perf": ["-b", "32", "-e", "32"]}  # whole 16-byte chunks per rank
 for program, extra in (("all_reduce_perf", ["-d", "all", "-o", "all"]),
-                       ("reduce_perf", ["-d", "bfloat16", "-o", "all", "-r", "all"])) + tuple(
-        (p, ["-d", "all", "-r", "all", *timing.get(p, [])]) for p in sys.argv[1:]):
+                       ("reduce_perf", ["-d", "bfloat16", "-o", "all", "-r", "-1"])) + tuple(
+        (p, ["-d", "all", "-r", "-1", *timing.get(p, [])]) for p in sys.argv[1:]):
     sys.argv = [program, *tiny, *extra]
     try:
         runpy.run_module(f"benchmarks.{program}", run_name="__main__")
@@ -197,14 +221,16 @@ def _rows(table: str) -> list[tuple[str, str, str]]:
     """(type, redop, root) of each row of one program's table; every row checked, 0 wrong."""
     rows = []
     for line in table.splitlines()[1:]:
-        if line.startswith("#"):
+        if line.startswith("#") or not line:
             continue
-        cols = line.split()
+        # "%12li  %12li  %8s  %6s  %6s": by position, as hypercube's redop is blank
+        lead = [line[0:12], line[14:26], line[28:36], line[38:44], line[46:52]]
+        cols = [c.strip() for c in lead] + line[52:].split()
         if len(cols) == 15:  # -S: the local time, as nccl-tests' "%Y-%m-%d %H:%M:%S"
             assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", " ".join(cols[13:])), line
             cols = cols[:13]
         assert len(cols) == 13, line
-        assert [cols[8], cols[12]] in (["0", "0"], ["N/A", "0"], ["0", "N/A"]), line
+        assert [cols[8], cols[12]] in (["0", "0"], ["0", "N/A"]), line
         rows.append((cols[2], cols[3], cols[4]))
     return rows
 
@@ -229,16 +255,19 @@ def test_every_program_sweeps_every_type_op_and_root_with_0_wrong():
     assert _rows(tables["reduce_scatter_perf"]) == [(t, "sum", "-1") for t in NCCL_TYPES]
     for program in ("broadcast_perf", "gather_perf", "scatter_perf"):
         assert _rows(tables[program]) == [(t, "none", r) for t in NCCL_TYPES for r in "01"]
-    for program in ("all_gather_perf", "alltoall_perf", "hypercube_perf"):
+    for program in ("all_gather_perf", "alltoall_perf"):
         assert _rows(tables[program]) == [(t, "none", "-1") for t in NCCL_TYPES]
-    assert _rows(tables["sendrecv_perf"]) == [(t, "none", "-1") for t in NCCL_TYPES] * 2  # -N 2
+    assert _rows(tables["hypercube_perf"]) == [(t, "", "-1") for t in NCCL_TYPES]
+    # -N 2: each type's sweep twice before the next type's, as nccl-tests
+    assert _rows(tables["sendrecv_perf"]) == [(t, "sum", "-1") for t in NCCL_TYPES for _ in "12"]
+    assert "    N/A\n" in tables["sendrecv_perf"]  # in place: timed, not checked
     assert "# Blocking Enabled: wait and barrier after each inner" in tables["all_gather_perf"]
     assert "# Blocking Enabled: wait after each inner" in tables["alltoall_perf"]
     assert "  cputime   algbw" in tables["alltoall_perf"]
     assert "  #wrong           timestamp\n" in tables["alltoall_perf"]
 
 
-@pytest.mark.parametrize("argv", [["-b", "1G", "-e", "8"], ["-d", "float8"], ["-r", "2"]])
+@pytest.mark.parametrize("argv", [["-b", "1G", "-e", "8"], ["-d", "f8e5m2"], ["-r", "2"]])
 def test_bad_arguments_under_mpiexec_exit_2_on_rank_0_only(argv):
     proc = _launch(["-m", "benchmarks.reduce_perf", "-b", "8", "-e", "8", *argv])
     assert proc.returncode == 2, proc.stderr

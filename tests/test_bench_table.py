@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from benchmarks import _table
-from benchmarks.collective import parse_args
+from benchmarks.collective import _first_wrong_check, parse_args
 
 CELL = {"time_us": 12.345, "algbw": 1.5, "busbw": 2.25, "wrong": 0}
 
@@ -70,6 +72,22 @@ def test_summary_and_footer():
     totals = _table.summary(based)
     assert totals["median_ratio"] == 0.5 and totals["baseline_wrong"] == 0
     assert "# Median time ratio ours/x : 0.500" in _table.footer(totals)
+
+
+def test_out_of_bounds_counts_ranks_as_nccl_tests():
+    """nccl-tests' CheckData adds 1 per rank whose result had a wrong element, MPI sums the
+    ranks; its #wrong is the wrong elements of the first check that found any."""
+    # (ranks, checks): rank 0 right in both checks, ranks 1 and 2 wrong in the second
+    assert _first_wrong_check(np.array([[0, 0], [0, 5], [0, 2]])) == (7, 2)
+    # the first check that went wrong anywhere is the one reported, later ones not
+    assert _first_wrong_check(np.array([[1, 9], [0, 9]])) == (1, 1)
+    assert _first_wrong_check(np.array([[0, 0], [0, 0]])) == (0, 0)
+    rows = [_row(in_place=dict(CELL, wrong=7, ranks_wrong=2)), _row(in_place=None)]
+    totals = _table.summary(rows)
+    assert (totals["wrong"], totals["failed"]) == (7, 2)
+    assert "# Out of bounds values : 2 FAILED" in _table.footer(totals)
+    # no cell measured (hypercube on 3 ranks): nccl-tests' 0 / 0
+    assert "# Avg bus bandwidth    : -nan \n" in _table.footer(_table.summary([]), "x")
 
 
 def test_parse_args():
