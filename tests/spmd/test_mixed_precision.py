@@ -182,3 +182,23 @@ def test_bad_arguments_fail_before_communicating(comm, xp):
     mixed = {"w": xp.zeros(3, dtype=xp.float16), "b": col.as_bfloat16(xp.zeros(3, xp.uint16))}
     with pytest.raises(col.InvalidArgumentError, match="params mix dtypes"):
         ZeroOptimizer(mixed, comm, SGD(lr=0.1))
+
+
+@pytest.mark.numpy_only(reason="the benchmark runs on the MPI backend")
+def test_benchmark_bytes_per_parameter_match_the_formula(comm):
+    from benchmarks.mixed_precision import KINDS, PRECISIONS, Setup, formula
+
+    shapes = {"a": (10, 7), "b": (5,)}  # 75 parameters: padded at 2 and 4 ranks
+    for kind in KINDS:
+        for precision in PRECISIONS:
+            setup = Setup(comm, kind, precision, shapes)
+            setup.step()
+            assert setup.held() == formula(kind, precision, 75, comm.size), (kind, precision)
+    # the formula itself, by hand: float16 + master under DDP is 2 + 4 + 12 bytes a parameter
+    assert formula("ddp", "float16+master", 75, 4) == {"params": 150, "grads": 300, "state": 900}
+    # ZeRO-3 at 4 ranks: shard 19 of a 76-element padded space
+    assert formula("zero3", "float16+master", 75, 4) == {
+        "params": 38,
+        "grads": 152 + 38 + 76,
+        "state": 228,
+    }
