@@ -77,7 +77,7 @@ class Config:
     lr: float = 3e-3
     precision: Optional[str] = None  # None: --dtype; else fp32, fp16 or bf16 parameters
     loss_scale: str = "dynamic"  # fp16: "dynamic" (a LossScaler) or "none"
-    init_scale: float = 2.0**12
+    init_scale: float = 2.0**16
     inject_overflow: int = -1  # the step whose gradient gets an inf on the last rank
 
 
