@@ -494,6 +494,8 @@ def check(cfg: Config, size: int, vocab: int) -> None:
         problems.append(f"--precision {cfg.precision}, expected one of {PRECISIONS}")
     if cfg.loss_scale not in ("dynamic", "none"):
         problems.append(f"--loss-scale {cfg.loss_scale}, expected dynamic or none")
+    if cfg.inject_overflow >= 0 and (cfg.precision, cfg.loss_scale) != ("fp16", "dynamic"):
+        problems.append("--inject-overflow needs the loss scaler: --precision fp16")
     if problems:
         raise col.InvalidArgumentError("gpt_3d: " + "; ".join(problems))
 
@@ -510,8 +512,8 @@ def train(
     ``xp``: the array module (CuPy on the NCCL backend); ``report(step, loss)`` is called on
     every rank after every step; ``observe(step, info)`` after the gradients are reduced and
     unscaled, before the update, with ``info``: ``scale`` (the loss scale of the step),
-    ``finite`` (False: every rank skips the step), ``grads`` (the reduced, unscaled
-    gradients this rank holds: float32 for half precision; its shard under ZeRO),
+    ``finite`` (False: every rank skips the step), ``grads`` (name -> the reduced, unscaled
+    gradients this rank holds, float32 for half precision; ``{"shard": ...}`` under ZeRO),
     ``params`` and ``scaler``. Example::
 
         losses = train(comm, Config(dp=2, tp=2, pp=2, schedule="interleaved"))
@@ -576,19 +578,17 @@ def train(
             sp_grads = [model.grads[n] for n in model.sequence_parallel_names()]
             allreduce_sequence_parallel_grads(sp_grads, tp)
         if cfg.zero:
-            reduced: Any = [zero.reduce_grads()]
+            reduced = {"shard": zero.reduce_grads()}
         else:
             ddp.sync_gradients(model.grads)
             reduced = ddp.grads
         if step == cfg.inject_overflow and comm.rank == comm.size - 1:
-            next(iter(reduced.values()) if isinstance(reduced, dict) else iter(reduced))[...].flat[
-                0
-            ] = np.inf
+            next(iter(reduced.values())).reshape(-1)[:1] = np.inf
         scale = scaler.scale
         finite = scaler.unscale(reduced)  # False on every rank if any rank overflowed
         if observe is not None:
-            info = dict(scale=scale, finite=finite, grads=reduced, params=model.params)
-            observe(step, {**info, "scaler": scaler})
+            info = {"scale": scale, "finite": finite, "grads": reduced, "scaler": scaler}
+            observe(step, {**info, "params": model.params})
         if finite:
             if cfg.zero:
                 zero.apply_update()

@@ -89,6 +89,14 @@ def test_overflow_on_one_rank_makes_every_rank_skip(comm):
         assert all(every[r][2] == params for r in same_place)
 
 
+def test_bad_precision_options_fail_before_communicating(comm):
+    example = load_example()
+    with pytest.raises(col.InvalidArgumentError, match="needs the loss scaler"):
+        example.train(comm, example.Config(tp=comm.size, precision="bf16", inject_overflow=1))
+    with pytest.raises(col.InvalidArgumentError, match="--precision fp8"):
+        example.train(comm, example.Config(tp=comm.size, precision="fp8"))
+
+
 @pytest.mark.numpy_only(reason="fp16 arithmetic on NumPy")
 def test_without_a_scaler_fp16_loses_gradient(comm):
     if comm.size != 1:
