@@ -15,7 +15,8 @@ from ._tune import BucketCapTuning, tune_bucket_cap
 from .clip import clip_grad_norm
 from .load_balance import LoadBalancer
 from .local_sgd import LocalSGD
-from .optim import SGD, AdamW
+from .loss_scale import LossScaler
+from .optim import SGD, AdamW, state_nbytes
 from .sharded import ShardedArray
 from .zero import ZeroOptimizer
 
@@ -29,12 +30,14 @@ __all__ = [
     "DistributedDataParallel",
     "LoadBalancer",
     "LocalSGD",
+    "LossScaler",
     "SGD",
     "ShardedArray",
     "ZeroOptimizer",
     "assign_buckets",
     "clip_grad_norm",
     "hooks",
+    "state_nbytes",
     "tensor_parallel",
     "tune_bucket_cap",
 ]

@@ -18,6 +18,7 @@ from collectives.timeline import span as timeline_span
 from . import hooks as _hooks
 from ._buckets import Bucket, assign_buckets, make_buckets
 from ._pack import _PointerTable, pack, unpack
+from ._precision import dtype_label, is_half, round_into, to_float32
 from ._scalars import reduce_scalars
 
 _CALL = "DistributedDataParallel"
@@ -111,7 +112,7 @@ class _Clock:
 
 def check_params_agree(comm: Any, params: Mapping[str, Any], call: str) -> None:
     """Every rank must hold the same names, shapes and dtypes, in the same order."""
-    mine = [(name, tuple(p.shape), p.dtype.str) for name, p in params.items()]
+    mine = [(name, tuple(p.shape), dtype_label(p)) for name, p in params.items()]
     fingerprint = float(zlib.crc32(repr(mine).encode()))
     high, low = reduce_scalars(comm, [fingerprint, -fingerprint], "max")
     if high == fingerprint and -low == fingerprint:
@@ -132,7 +133,7 @@ def check_params_agree(comm: Any, params: Mapping[str, Any], call: str) -> None:
             parts.append(f"{who}: no parameter")
         else:
             name, shape, dtype = entry
-            parts.append(f"{who}: {name!r} shape {shape} dtype {np.dtype(dtype)}")
+            parts.append(f"{who}: {name!r} shape {shape} dtype {dtype}")
     raise CollectiveMismatchError(
         f"{call}: params differ across ranks at parameter {i}: " + "; ".join(parts)
     )
@@ -151,6 +152,10 @@ class DistributedDataParallel:
         broadcast_from: rank whose parameters every rank starts from (None: skip).
         hook: ``hook(comm, bucket) -> work`` leaving the mean in ``bucket.buffer``
             (default :func:`ddp.hooks.allreduce`).
+        reduce_dtype: None (buckets in the gradients' dtype) or ``"float32"``: the
+            gradients of half-precision parameters (float16, ``ml_dtypes.bfloat16``,
+            ``as_bfloat16`` bits, which need it) live and are reduced in float32 buckets, at
+            4 bytes per parameter instead of 2; other parameters keep their dtype.
 
     Example:
         >>> ddp = DistributedDataParallel(params, comm, bucket_cap_mb=25)
@@ -173,6 +178,7 @@ class DistributedDataParallel:
         first_bucket_cap_mb: float = 1.0,
         broadcast_from: int | None = 0,
         hook: Callable[[Any, Bucket], Any] | None = None,
+        reduce_dtype: str | None = None,
     ):
         if not isinstance(params, Mapping):
             raise InvalidArgumentError(
@@ -182,7 +188,10 @@ class DistributedDataParallel:
             raise InvalidArgumentError(f"{_CALL}: params is empty, expected at least one parameter")
         self.comm = comm
         self.params = {name: to_array(p, _CALL, f"params[{name!r}]") for name, p in params.items()}
+        self.reduce_dtype = self._check_reduce_dtype(reduce_dtype)
         self._xp = self._check_arrays()
+        # what each gradient is reduced in: the bucket layout is made of these
+        described = {name: (tuple(p.shape), self._grad_dtype(p)) for name, p in self.params.items()}
         if broadcast_from is not None and not (
             int(broadcast_from) == broadcast_from and 0 <= broadcast_from < comm.size
         ):
@@ -196,7 +205,7 @@ class DistributedDataParallel:
                 f"{_CALL}: bucket_cap_mb must be a number of MiB or 'auto', got {bucket_cap_mb!r}"
             )
         specs = assign_buckets(
-            self.params, 25.0 if auto else float(bucket_cap_mb), first_bucket_cap_mb
+            described, 25.0 if auto else float(bucket_cap_mb), first_bucket_cap_mb
         )
         self._check_across_ranks()
         #: what ``bucket_cap_mb="auto"`` measured (a ``BucketCapTuning``), else None
@@ -205,9 +214,9 @@ class DistributedDataParallel:
             from ._tune import tune_bucket_cap
 
             self.tuning = tune_bucket_cap(
-                comm, self.params, first_bucket_cap_mb=first_bucket_cap_mb, check=False
+                comm, described, first_bucket_cap_mb=first_bucket_cap_mb, check=False
             )
-            specs = assign_buckets(self.params, self.tuning.cap_mb, first_bucket_cap_mb)
+            specs = assign_buckets(described, self.tuning.cap_mb, first_bucket_cap_mb)
         self.bucket_cap_mb: float = self.tuning.cap_mb if auto else float(bucket_cap_mb)
 
         with self._on_device():
@@ -236,10 +245,35 @@ class DistributedDataParallel:
 
     # -- construction helpers -------------------------------------------------------------
 
+    @staticmethod
+    def _check_reduce_dtype(reduce_dtype: Any) -> np.dtype | None:
+        if reduce_dtype is None:
+            return None
+        try:
+            dtype = np.dtype(reduce_dtype)
+        except TypeError:
+            dtype = None
+        if dtype != np.float32:
+            raise InvalidArgumentError(
+                f"{_CALL}: reduce_dtype must be None or 'float32', got {reduce_dtype!r}"
+            )
+        return dtype
+
+    def _grad_dtype(self, param: Any) -> np.dtype:
+        if is_half(param) and self.reduce_dtype is not None:
+            return self.reduce_dtype
+        return np.dtype(param.dtype)
+
     def _check_arrays(self) -> Any:
         modules = set()
         for name, p in self.params.items():
-            if p.dtype.kind not in "fc":
+            if is_half(p):
+                if not hasattr(p, "dtype") and self.reduce_dtype is None:
+                    raise InvalidArgumentError(
+                        f"{_CALL}: params[{name!r}] is bfloat16 bits (as_bfloat16), which "
+                        "need reduce_dtype='float32'"
+                    )
+            elif p.dtype.kind not in "fc":
                 raise InvalidArgumentError(
                     f"{_CALL}: params[{name!r}] has dtype {p.dtype}, expected a floating dtype"
                 )
@@ -264,6 +298,12 @@ class DistributedDataParallel:
         check_params_agree(self.comm, self.params, _CALL)
 
     def _broadcast_params(self, root: int) -> None:
+        if self.reduce_dtype is not None and any(is_half(p) for p in self.params.values()):
+            # the buckets hold another dtype than the parameters: one broadcast per tensor
+            works = [self.comm.broadcast(p, root=root, async_op=True) for p in self.params.values()]
+            for work in works:
+                work.wait()
+            return
         # pack into the (still zero) gradient buffers: one broadcast per bucket, not per tensor
         works = []
         for bucket, table in zip(self.buckets, self._tables):
@@ -429,11 +469,20 @@ class DistributedDataParallel:
         weight = self._weight if weight is None else self._checked_weight(weight, call)
         arrays = self._checked_grads(grads, call)
         for bucket, table in zip(self.buckets, self._tables):
-            pack(bucket, [arrays[n] for n in bucket.names], table)
+            if self._converts(bucket, arrays):
+                for name in bucket.names:
+                    g = arrays[name]
+                    bucket.views[name][...] = to_float32(g) if not hasattr(g, "dtype") else g
+            else:
+                pack(bucket, [arrays[n] for n in bucket.names], table)
             self._launch(bucket.index, weight)
         self._wait_all()
         for bucket, table in zip(self.buckets, self._tables):
-            unpack(bucket, [arrays[n] for n in bucket.names], table)
+            if self._converts(bucket, arrays):
+                for name in bucket.names:
+                    round_into(arrays[name], bucket.views[name])
+            else:
+                unpack(bucket, [arrays[n] for n in bucket.names], table)
         self._reset_marks()
         self._open = False
 
@@ -451,10 +500,10 @@ class DistributedDataParallel:
         out = {}
         for name, p in self.params.items():
             g = to_array(grads[name], call, f"grads[{name!r}]")
-            if tuple(g.shape) != tuple(p.shape) or g.dtype != p.dtype:
+            if tuple(g.shape) != tuple(p.shape) or dtype_label(g) != dtype_label(p):
                 raise InvalidArgumentError(
-                    f"{call}: grads[{name!r}] has shape {tuple(g.shape)} dtype {g.dtype}, "
-                    f"expected {tuple(p.shape)} {p.dtype}"
+                    f"{call}: grads[{name!r}] has shape {tuple(g.shape)} dtype {dtype_label(g)}, "
+                    f"expected {tuple(p.shape)} {dtype_label(p)}"
                 )
             if array_module(g) is not self._xp:
                 raise InvalidArgumentError(
@@ -462,6 +511,11 @@ class DistributedDataParallel:
                 )
             out[name] = g
         return out
+
+    @staticmethod
+    def _converts(bucket: Bucket, arrays: Mapping[str, Any]) -> bool:
+        """Whether the bucket's dtype differs from its gradients' (reduce_dtype)."""
+        return any(dtype_label(arrays[n]) != str(bucket.dtype) for n in bucket.names)
 
     # -- non-parameter state ----------------------------------------------------------------
 

@@ -23,7 +23,9 @@ from typing import Any, Protocol
 
 from collectives import InvalidArgumentError, array_module
 
-__all__ = ["Optimizer", "SGD", "AdamW"]
+from ._precision import is_half, round_into, to_float32
+
+__all__ = ["Optimizer", "SGD", "AdamW", "state_nbytes"]
 
 
 class Optimizer(Protocol):
@@ -36,17 +38,47 @@ class Optimizer(Protocol):
 
 class _Base:
     def step(self, params: Mapping[str, Any], grads: Mapping[str, Any], states: dict) -> None:
-        """Update every ``params[name]`` in place from ``grads[name]``; ``states`` fills lazily."""
+        """Update every ``params[name]`` in place from ``grads[name]``; ``states`` fills lazily.
+
+        Half-precision parameters (float16, ``ml_dtypes.bfloat16``, ``as_bfloat16`` bits) are
+        updated through a float32 master copy, ``states[name]["master"]``: the gradient is
+        taken in float32 (any floating dtype, ideally the float32 one DDP reduced with
+        ``reduce_dtype="float32"``), the master and the optimizer state (float32) updated,
+        and the parameter rounded from the master. The master is the truth from the first
+        step on: to set such a parameter, set its master too (or drop its state).
+        """
         for name, param in params.items():
             if name not in states:
-                states[name] = self.init_state(param)
-            self.update(param, grads[name], states[name])
+                if is_half(param):
+                    master = to_float32(param)
+                    states[name] = {**self.init_state(master), "master": master}
+                else:
+                    states[name] = self.init_state(param)
+            state = states[name]
+            if "master" in state:
+                grad = grads[name]
+                if is_half(grad):
+                    grad = to_float32(grad)
+                self.update(state["master"], grad, state)
+                round_into(param, state["master"])
+            else:
+                self.update(param, grads[name], state)
 
     def init_state(self, param: Any) -> dict[str, Any]:
         raise NotImplementedError
 
     def update(self, param: Any, grad: Any, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+def state_nbytes(states: Mapping[str, Any]) -> int:
+    """Bytes of the arrays in ``states`` (what ``step`` filled: optimizer state and masters).
+
+    Example: AdamW on float16 parameters holds 4 (master) + 8 (moments) = 12 bytes each.
+    """
+    return sum(
+        int(v.nbytes) for state in states.values() for v in state.values() if hasattr(v, "nbytes")
+    )
 
 
 def _check_positive(call: str, name: str, value: float, *, allow_zero: bool = True) -> None:

@@ -27,8 +27,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module
+from collectives import BFloat16Array, InvalidArgumentError, array_module
 
+from ._precision import dtype_label, is_half, round_into, storage, to_float32
 from .optim import Optimizer
 
 __all__ = ["ZeroOptimizer", "FlatLayout", "flat_layout"]
@@ -80,6 +81,9 @@ class ZeroOptimizer:
     Args:
         params: name -> array, the same names, shapes and dtype on every rank. They are
             copied into one flat buffer; train on :attr:`params` (views into it) from then on.
+            Half precision (float16, ``ml_dtypes.bfloat16``, ``as_bfloat16`` bits): each rank
+            keeps float32 master weights, master gradients and optimizer state for its shard
+            only; the half-precision shard is rounded from the master and all-gathered.
         comm: the data-parallel communicator.
         optimizer: an elementwise optimizer (``ddp.SGD``, ``ddp.AdamW`` or anything with
             ``init_state(param)`` and ``update(param, grad, state)``).
@@ -109,14 +113,15 @@ class ZeroOptimizer:
             raise InvalidArgumentError(f"{call}: stage must be 1, 2 or 3, got {stage!r}")
         if not params:
             raise InvalidArgumentError(f"{call}: params is empty, expected at least one array")
-        dtypes = {str(p.dtype) for p in params.values()}
+        dtypes = {dtype_label(p) for p in params.values()}
         if len(dtypes) != 1:
             raise InvalidArgumentError(
                 f"{call}: params mix dtypes {sorted(dtypes)}, expected one dtype "
                 "(make one ZeroOptimizer per dtype)"
             )
         first = next(iter(params.values()))
-        if first.dtype.kind not in "fc":
+        half = is_half(first)
+        if not half and first.dtype.kind not in "fc":
             raise InvalidArgumentError(
                 f"{call}: params have dtype {first.dtype}, expected a floating dtype"
             )
@@ -127,28 +132,41 @@ class ZeroOptimizer:
         xp = array_module(first)
         self.comm, self.optimizer, self.stage = comm, optimizer, stage
         self.layout = flat_layout({k: tuple(v.shape) for k, v in params.items()}, comm.size)
+        # bfloat16 bits (uint16) travel and reach the caller declared as bfloat16
+        self._bits = isinstance(first, BFloat16Array)
+        dtype = storage(first).dtype
         # The padding stays zero in both buffers, so it never moves under an elementwise update.
-        self._flat_params = xp.zeros(self.layout.padded, dtype=first.dtype)
-        self._flat_grads = xp.zeros(self.layout.padded, dtype=first.dtype)
+        self._flat_params = xp.zeros(self.layout.padded, dtype=dtype)
+        self._flat_grads = xp.zeros(self.layout.padded, dtype=dtype)
         self.params = self._views(self._flat_params)
         self.grads = self._views(self._flat_grads)
         for name, p in params.items():
-            self.params[name][...] = p
+            storage(self.params[name])[...] = storage(p)
         if broadcast_from is not None and comm.size > 1:
-            comm.broadcast(self._flat_params, root=broadcast_from)
+            comm.broadcast(self._wire(self._flat_params), root=broadcast_from)
         lo, hi = self.layout.shard_range(comm.rank)
         if stage == 1:
             self._grad_shard = self._flat_grads[lo:hi]
         else:
             self._grad_shard = xp.zeros_like(self._flat_grads[lo:hi])
         self._param_shard = self._flat_params[lo:hi].copy()
+        # Half-precision parameters: float32 master weights and gradients for this shard only;
+        # the optimizer state follows the master's dtype.
+        self._master: Any = to_float32(self._wire(self._param_shard)) if half else None
+        self._master_grad: Any = xp.zeros(self.layout.shard, xp.float32) if half else None
         if stage == 3:
             self.release_params()
-        self.state = optimizer.init_state(self._param_shard)
+        self.state = optimizer.init_state(
+            self._param_shard if self._master is None else self._master
+        )
+
+    def _wire(self, array: Any) -> Any:
+        """``array`` as the communicator must see it (bfloat16 bits declared)."""
+        return BFloat16Array(array) if self._bits else array
 
     def _views(self, flat: Any) -> dict[str, Any]:
         return {
-            name: flat[start:stop].reshape(self.layout.shapes[name])
+            name: self._wire(flat[start:stop].reshape(self.layout.shapes[name]))
             for name, (start, stop) in self.layout.offsets.items()
         }
 
@@ -159,21 +177,39 @@ class ZeroOptimizer:
 
     @property
     def grad_shard(self) -> Any:
-        """The mean gradient of this rank's shard, after :meth:`step`."""
-        return self._grad_shard
+        """The mean gradient of this rank's shard, after :meth:`reduce_grads` (or
+        :meth:`step`); float32 for half-precision parameters (what to unscale and clip)."""
+        return self._grad_shard if self._master_grad is None else self._master_grad
+
+    @property
+    def master_shard(self) -> Any:
+        """This rank's float32 master weights (half-precision parameters), else None."""
+        return self._master
 
     @property
     def state_nbytes(self) -> int:
-        """Bytes of optimizer state this rank holds (about ``1/size`` of the unsharded state)."""
-        return sum(int(v.nbytes) for v in self.state.values() if hasattr(v, "nbytes"))
+        """Bytes of optimizer state this rank holds, float32 master weights included: for
+        AdamW, ``8 * shard`` (``+ 4 * shard`` of master with half-precision parameters)."""
+        held = sum(int(v.nbytes) for v in self.state.values() if hasattr(v, "nbytes"))
+        return held + (0 if self._master is None else int(self._master.nbytes))
 
     @property
     def param_nbytes(self) -> int:
-        """Bytes of parameters this rank holds now (stage 3, between steps: one shard)."""
+        """Bytes of parameters (in their own dtype) this rank holds now: the full flat
+        buffer and its shard copy (stage 3, between steps: the shard only)."""
         held = int(self._param_shard.nbytes)
         if self._flat_params is not None:
             held += int(self._flat_params.nbytes)
         return held
+
+    @property
+    def grad_nbytes(self) -> int:
+        """Bytes of gradients this rank holds: the full flat buffer, the reduced shard
+        (stages 2 and 3) and its float32 copy (half-precision parameters)."""
+        held = int(self._flat_grads.nbytes)
+        if self.stage != 1:
+            held += int(self._grad_shard.nbytes)
+        return held + (0 if self._master_grad is None else int(self._master_grad.nbytes))
 
     def gather_params(self) -> dict[str, Any]:
         """Stage 3: all-gather the full parameters into :attr:`params` (collective).
@@ -214,25 +250,70 @@ class ZeroOptimizer:
 
     def _all_gather_params(self) -> None:
         size, shard = self.comm.size, self.layout.shard
-        self.comm.all_gather(self._param_shard, out=self._flat_params.reshape(size, shard))
+        self.comm.all_gather(
+            self._wire(self._param_shard), out=self._wire(self._flat_params.reshape(size, shard))
+        )
 
     def step(self) -> None:
-        """Reduce the gradients, update this rank's shard, all-gather the parameters.
+        """Reduce the gradients, update this rank's shard, all-gather the parameters:
+        :meth:`reduce_grads` then :meth:`apply_update`.
 
         Collective: every rank of ``comm`` must call it. In stage 3 the parameters are
         all-gathered only if they are held (inside :meth:`gathered`).
         """
+        self.reduce_grads()
+        self.apply_update()
+
+    def reduce_grads(self) -> Any:
+        """Reduce the gradients to their mean (collective) and return :attr:`grad_shard`.
+
+        Between this and :meth:`apply_update` the shard may be unscaled and clipped; a
+        step that a :class:`ddp.LossScaler` skips just never calls :meth:`apply_update`.
+
+        Example::
+
+            if scaler.unscale([opt.reduce_grads()]):
+                clip_grad_norm([opt.grad_shard], 1.0, comm=dp)
+                opt.apply_update()
+            scaler.update()
+        """
         size, shard = self.comm.size, self.layout.shard
         if self.stage == 1:
-            self.comm.all_reduce(self._flat_grads, op="avg")
+            self.comm.all_reduce(self._wire(self._flat_grads), op="avg")
         else:
             self.comm.reduce_scatter(
-                self._flat_grads.reshape(size, shard), op="avg", out=self._grad_shard
+                self._wire(self._flat_grads.reshape(size, shard)),
+                op="avg",
+                out=self._wire(self._grad_shard),
             )
+        if self._master_grad is not None:
+            self._master_grad[...] = to_float32(self._wire(self._grad_shard))
+        return self.grad_shard
+
+    def apply_update(self) -> None:
+        """Update this rank's shard from :attr:`grad_shard` and all-gather the parameters
+        (collective where they are held)."""
         if self._flat_params is not None and self.stage != 3:
             # Parameters written through the views since the last step are the truth.
             lo, hi = self.shard_range
-            self._param_shard[...] = self._flat_params[lo:hi]
-        self.optimizer.update(self._param_shard, self._grad_shard, self.state)
+            self._take_written(self._flat_params[lo:hi])
+        if self._master is None:
+            self.optimizer.update(self._param_shard, self._grad_shard, self.state)
+        else:
+            self.optimizer.update(self._master, self._master_grad, self.state)
+            round_into(self._wire(self._param_shard), self._master)
         if self._flat_params is not None:
             self._all_gather_params()
+
+    def _take_written(self, view: Any) -> None:
+        if self._master is None:
+            self._param_shard[...] = view
+            return
+        # The master keeps what half precision cannot; only elements written since the
+        # last step (bit patterns that differ from what was rounded) are taken from the view.
+        unsigned = f"u{view.dtype.itemsize}"
+        changed = view.view(unsigned) != self._param_shard.view(unsigned)
+        if bool(changed.any()):
+            xp = array_module(view)
+            xp.copyto(self._master, to_float32(self._wire(view)), where=changed)
+            self._param_shard[...] = view

@@ -11,7 +11,11 @@ the characters of the Zen of Python with data x tensor x pipeline parallelism ov
 - pipeline parallel: the blocks cut into ``P * chunks`` stages run by ``pipeline.run``
   (``--schedule gpipe|1f1b|interleaved|zero_bubble``); the output projection is tied to the
   token embedding, whose gradient is summed between the first and the last stage;
-- data parallel: DDP buckets over ``dp``, or ``--zero 1|2`` (ZeRO over ``dp``); AdamW.
+- data parallel: DDP buckets over ``dp``, or ``--zero 1|2`` (ZeRO over ``dp``); AdamW;
+- mixed precision: ``--precision fp16|bf16`` trains half-precision parameters through
+  float32 master weights (sharded under ZeRO) and float32 gradient reduction, fp16 with a
+  ``ddp.LossScaler`` over the whole mesh (``--loss-scale none`` turns it off,
+  ``--inject-overflow K`` puts an infinity in the last rank's gradient at step K).
 
 The full model is initialised from ``--seed`` on every rank, then sharded, and the global
 batch does not depend on the mesh, so every mesh prints the losses of ``--dp 1 --tp 1 --pp
@@ -32,7 +36,7 @@ import numpy as np
 
 import collectives as col
 import pipeline
-from ddp import AdamW, DistributedDataParallel, ZeroOptimizer
+from ddp import AdamW, DistributedDataParallel, LossScaler, ZeroOptimizer
 from ddp.tensor_parallel import (
     allreduce_sequence_parallel_grads,
     copy_to_group,
@@ -44,6 +48,7 @@ from ddp.tensor_parallel import (
 from pipeline import schedules
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+PRECISIONS = ("fp32", "fp16", "bf16")
 VOCAB_MULTIPLE = 8  # the vocabulary is padded to this, whatever the mesh (tp must divide it)
 
 
@@ -70,6 +75,10 @@ class Config:
     hidden: int = 32
     vocab: Optional[int] = None
     lr: float = 3e-3
+    precision: Optional[str] = None  # None: --dtype; else fp32, fp16 or bf16 parameters
+    loss_scale: str = "dynamic"  # fp16: "dynamic" (a LossScaler) or "none"
+    init_scale: float = 2.0**16
+    inject_overflow: int = -1  # the step whose gradient gets an inf on the last rank
 
 
 # -------------------------------------------------------------------- data
@@ -409,6 +418,46 @@ class GPT:
         return [n for n in self.params if SPLIT.get(n.split(".")[-1]) is None]
 
 
+# -------------------------------------------------------------------- precision
+
+
+def param_dtype(cfg: Config, xp: Any) -> Any:
+    """The parameters' dtype: ``--dtype``, or that of ``--precision``."""
+    if cfg.precision is None:
+        return np.dtype(cfg.dtype)
+    if cfg.precision == "bf16":
+        if xp is not np:
+            raise col.InvalidArgumentError(
+                "gpt_3d: --precision bf16 needs NumPy arrays (ml_dtypes); CuPy has no bfloat16 "
+                "arithmetic"
+            )
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(np.float16 if cfg.precision == "fp16" else np.float32)
+
+
+def make_scaler(cfg: Config, comm: Any) -> LossScaler:
+    """A loss scaler over the whole mesh for fp16; a disabled one (scale 1) otherwise."""
+    enabled = cfg.precision == "fp16" and cfg.loss_scale == "dynamic"
+    return LossScaler(comm, init_scale=cfg.init_scale, enabled=enabled)
+
+
+def scaled_loss_fn(tp: Any, microbatches: int, scaler: LossScaler) -> Callable:
+    """Cross-entropy in float32 at least (half logits are widened), its gradient scaled by
+    ``scaler.scale / microbatches`` and given back in the logits' dtype."""
+
+    def loss_fn(logits: Any, target: Any) -> tuple[Any, Any]:
+        wide = logits if logits.dtype.itemsize >= 4 else logits.astype(np.float32)
+        loss, dlogits = vocab_parallel_cross_entropy(wide, target, tp)
+        dlogits = dlogits / microbatches
+        if scaler.scale != 1.0:
+            dlogits *= scaler.scale
+        return loss, dlogits.astype(logits.dtype, copy=False)
+
+    return loss_fn
+
+
 # -------------------------------------------------------------------- training
 
 
@@ -441,17 +490,31 @@ def check(cfg: Config, size: int, vocab: int) -> None:
         )
     if cfg.zero not in (0, 1, 2):
         problems.append(f"--zero {cfg.zero}, expected 0, 1 or 2")
+    if cfg.precision not in (None, *PRECISIONS):
+        problems.append(f"--precision {cfg.precision}, expected one of {PRECISIONS}")
+    if cfg.loss_scale not in ("dynamic", "none"):
+        problems.append(f"--loss-scale {cfg.loss_scale}, expected dynamic or none")
+    if cfg.inject_overflow >= 0 and (cfg.precision, cfg.loss_scale) != ("fp16", "dynamic"):
+        problems.append("--inject-overflow needs the loss scaler: --precision fp16")
     if problems:
         raise col.InvalidArgumentError("gpt_3d: " + "; ".join(problems))
 
 
 def train(
-    comm: Any, cfg: Config, xp: Any = np, report: Optional[Callable[[int, float], None]] = None
+    comm: Any,
+    cfg: Config,
+    xp: Any = np,
+    report: Optional[Callable[[int, float], None]] = None,
+    observe: Optional[Callable[[int, dict], None]] = None,
 ) -> list[float]:
     """Train ``cfg.steps`` steps on ``comm`` (``dp * tp * pp`` ranks); the loss of every step.
 
     ``xp``: the array module (CuPy on the NCCL backend); ``report(step, loss)`` is called on
-    every rank after every step. Example::
+    every rank after every step; ``observe(step, info)`` after the gradients are reduced and
+    unscaled, before the update, with ``info``: ``scale`` (the loss scale of the step),
+    ``finite`` (False: every rank skips the step), ``grads`` (name -> the reduced, unscaled
+    gradients this rank holds, float32 for half precision; ``{"shard": ...}`` under ZeRO),
+    ``params`` and ``scaler``. Example::
 
         losses = train(comm, Config(dp=2, tp=2, pp=2, schedule="interleaved"))
     """
@@ -473,13 +536,17 @@ def train(
         names += [n for n in full if n.startswith(held)]
     if stages - 1 in mine:
         names += ["lnf_g", "lnf_b"] + ([] if "wte" in names else ["wte"])
-    params = {n: xp.asarray(shard(n, full[n], tp.size, tp.rank)) for n in names}
+    dtype = param_dtype(cfg, xp)
+    params = {n: xp.asarray(shard(n, full[n], tp.size, tp.rank).astype(dtype)) for n in names}
     optimizer = AdamW(lr=cfg.lr, weight_decay=0.01)
+    scaler = make_scaler(cfg, comm)
     if cfg.zero:
         zero = ZeroOptimizer(params, dp, optimizer, stage=cfg.zero, broadcast_from=None)
         model.params, model.grads = zero.params, zero.grads
     else:
-        ddp = DistributedDataParallel(params, dp, broadcast_from=None)
+        # half-precision gradients are reduced (and unscaled) in float32
+        reduce_dtype = "float32" if dtype.itemsize == 2 else None
+        ddp = DistributedDataParallel(params, dp, broadcast_from=None, reduce_dtype=reduce_dtype)
         model.params, model.grads = params, {n: xp.zeros_like(p) for n, p in params.items()}
         states: dict = {}
     chunks = [model.stage(s, stages, schedule.splits_backward) for s in mine]
@@ -496,10 +563,7 @@ def train(
         for g in model.grads.values():
             g[...] = 0
 
-        def loss_fn(logits, target):
-            loss, dlogits = vocab_parallel_cross_entropy(logits, target, tp)
-            return loss, dlogits / m
-
+        loss_fn = scaled_loss_fn(tp, m, scaler)
         out = pipeline.run(
             schedule,
             pp,
@@ -514,10 +578,23 @@ def train(
             sp_grads = [model.grads[n] for n in model.sequence_parallel_names()]
             allreduce_sequence_parallel_grads(sp_grads, tp)
         if cfg.zero:
-            zero.step()
+            reduced = {"shard": zero.reduce_grads()}
         else:
             ddp.sync_gradients(model.grads)
-            optimizer.step(model.params, model.grads, states)
+            reduced = ddp.grads
+        if step == cfg.inject_overflow and comm.rank == comm.size - 1:
+            next(iter(reduced.values())).reshape(-1)[:1] = np.inf
+        scale = scaler.scale
+        finite = scaler.unscale(reduced)  # False on every rank if any rank overflowed
+        if observe is not None:
+            info = {"scale": scale, "finite": finite, "grads": reduced, "scaler": scaler}
+            observe(step, {**info, "params": model.params})
+        if finite:
+            if cfg.zero:
+                zero.apply_update()
+            else:
+                optimizer.step(model.params, ddp.grads, states)
+        scaler.update()
         total = xp.asarray([sum(float(v) for v in out) / m if is_last else 0.0])
         dp.all_reduce(total, op="avg")
         pp.broadcast(total, root=(stages - 1) % pp.size)
@@ -539,8 +616,15 @@ def parse(argv: Optional[list[str]] = None) -> tuple[Config, str]:
             parser.add_argument(flag, action="store_true")
         elif field == "vocab":
             parser.add_argument(flag, type=int, default=None)
+        elif field == "precision":
+            parser.add_argument(flag, default=None, choices=PRECISIONS)
         else:
-            choices = {"schedule": SCHEDULES, "dtype": ("float32", "float64"), "zero": (0, 1, 2)}
+            choices = {
+                "schedule": SCHEDULES,
+                "dtype": ("float32", "float64"),
+                "zero": (0, 1, 2),
+                "loss_scale": ("dynamic", "none"),
+            }
             parser.add_argument(flag, type=type(value), default=value, choices=choices.get(field))
     parser.add_argument("--backend", default="auto")
     args = vars(parser.parse_args(argv))
@@ -553,11 +637,19 @@ def main() -> None:
     with col.init(backend=backend) as comm:
         xp = comm.xp
 
+        seen: dict = {}
+
+        def observe(step: int, info: dict) -> None:
+            seen.update(info)
+
         def report(step: int, loss: float) -> None:
             if comm.rank == 0:
-                print(f"step {step} loss {loss:.12e}", flush=True)
+                extra = ""
+                if cfg.precision is not None:
+                    extra = f" scale {seen['scale']:g}" + ("" if seen["finite"] else " skipped")
+                print(f"step {step} loss {loss:.12e}{extra}", flush=True)
 
-        train(comm, cfg, xp, report)
+        train(comm, cfg, xp, report, observe)
 
 
 if __name__ == "__main__":
