@@ -61,7 +61,17 @@ class MicrobatchState:
 
 def add_grad(current: Any, value: Any, microbatch: Hashable) -> Any:
     """The gradient after one more contribution: a call keyed by a microbatch adds to the
-    sum since ``zero_grad()``; an unkeyed call (one batch at a time) replaces it."""
+    sum since ``zero_grad()``, in place (so ``grad_weight`` may be bound to an array of the
+    caller's, a DDP bucket's view or its transpose); an unkeyed call (one batch at a time)
+    replaces it."""
     if value is None or microbatch is None or current is None:
         return value
-    return current + value
+    current += value
+    return current
+
+
+def zero(grad: Any) -> Any:
+    """``grad`` zeroed in place (None stays None)."""
+    if grad is not None:
+        grad[...] = 0
+    return grad

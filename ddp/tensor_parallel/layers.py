@@ -30,7 +30,7 @@ from typing import Any
 from collectives import InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
-from ._state import MicrobatchState, add_grad
+from ._state import MicrobatchState, add_grad, zero
 from .mappings import (
     copy_to_group,
     gather_from_group,
@@ -155,8 +155,8 @@ class ColumnParallelLinear:
         _weight_grads(self, microbatch)
 
     def zero_grad(self) -> None:
-        """Forget the gradients summed so far (before each step's microbatches)."""
-        self.grad_weight = self.grad_bias = None
+        """Zero the gradients summed so far, in place (before each step's microbatches)."""
+        self.grad_weight, self.grad_bias = zero(self.grad_weight), zero(self.grad_bias)
 
 
 class RowParallelLinear:
@@ -246,5 +246,5 @@ class RowParallelLinear:
         _weight_grads(self, microbatch)
 
     def zero_grad(self) -> None:
-        """Forget the gradients summed so far (before each step's microbatches)."""
-        self.grad_weight = self.grad_bias = None
+        """Zero the gradients summed so far, in place (before each step's microbatches)."""
+        self.grad_weight, self.grad_bias = zero(self.grad_weight), zero(self.grad_bias)

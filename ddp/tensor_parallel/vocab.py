@@ -21,7 +21,7 @@ from typing import Any
 from collectives import InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
-from ._state import MicrobatchState, add_grad
+from ._state import MicrobatchState, add_grad, zero
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy"]
@@ -126,8 +126,8 @@ class VocabParallelEmbedding:
         self.grad_weight = add_grad(self.grad_weight, grad, microbatch)
 
     def zero_grad(self) -> None:
-        """Forget the gradient summed so far (before each step's microbatches)."""
-        self.grad_weight = None
+        """Zero the gradient summed so far, in place (before each step's microbatches)."""
+        self.grad_weight = zero(self.grad_weight)
 
 
 class VocabParallelCrossEntropy:
