@@ -5,9 +5,14 @@ chunk lives: ``schedule.stage_of(rank, chunk)``). :func:`best` simulates them al
 Accepted microbatch counts:
 
 - :func:`gpipe`, :func:`one_f_one_b`, :func:`zero_bubble`, :func:`zero_bubble_h2`,
-  :func:`zero_bubble_v`, :func:`dualpipe_v`: any ``microbatches >= 1``;
-- :func:`interleaved_1f1b`: a positive multiple of ``stages`` (Megatron's rule: the chunks
-  take turns in groups of ``stages`` microbatches).
+  :func:`zero_bubble_v`, :func:`dualpipe_v`: any ``microbatches >= 1``
+  (``dualpipe_v(..., order="paper")``: at least ``2 * stages``);
+- :func:`interleaved_1f1b`, :func:`interleaved_zero_bubble`: a count that
+  ``max(1, microbatches // stages)`` equal rounds divide (any multiple of ``stages``, any
+  count below ``2 * stages``): the chunks take turns a round at a time.
+
+The published orders (ZB-V's figure, DeepSeek's DualPipeV, Megatron's interleaving) are
+written in ``pipeline/_orders.py``; PyTorch's schedule classes build the same orders.
 """
 
 from __future__ import annotations
