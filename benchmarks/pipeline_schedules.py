@@ -8,7 +8,7 @@ step time and bubble next to the simulated ones, so the bubble of each schedule 
 and the simulator checked.
 
 Options: --microbatches 8 --chunks 2 --width 256 --rows 64 --layers 4 (per rank, split
-over the chunks) --steps 5 --schedules gpipe,1f1b,interleaved,zb-h1,zb-h2,zb-v,dualpipe-v --backend mpi
+over the chunks) --steps 5 --schedules gpipe,1f1b,interleaved,zb-h1,zb-h2,interleaved-zb,zb-v,dualpipe-v --backend mpi
 --arrays auto (CuPy on nccl, NumPy on mpi; ``--backend mpi --arrays cupy`` sends CuPy arrays
 over MPI) --json PATH --plot PATH (measured and simulated timelines of each schedule).
 On CuPy every stage's forward and backward ends with a synchronisation of the device, so that
@@ -16,7 +16,7 @@ the host-side times of the trace are the times of the device's work.
 BLAS runs one thread per rank unless OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say otherwise.
 
 ``python -m benchmarks.pipeline_schedules --best --ranks 4 --microbatches 8 --forward 1
---backward 2 [--weight 1] [--comm 0] [--overlap X] [--max-activations 4] [--between-steps]``
+--backward 2 [--weight 1] [--comm 0] [--overlap X | --saving X] [--max-activations 4] [--between-steps]``
 (no MPI): the table of every schedule that ``pipeline.schedules.best`` simulated, and its
 pick (by the time per step between steps, ``pipeline.period``, with --between-steps).
 """
@@ -41,7 +41,7 @@ import pipeline  # noqa: E402
 from pipeline import schedules  # noqa: E402
 from pipeline.mlp import Chain, Dense, init_weights, mse  # noqa: E402
 
-NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "interleaved-zb", "zb-v", "dualpipe-v")
 
 
 def make(name: str, ranks: int, microbatches: int, chunks: int) -> pipeline.Schedule:
@@ -51,6 +51,7 @@ def make(name: str, ranks: int, microbatches: int, chunks: int) -> pipeline.Sche
         "interleaved": lambda: schedules.interleaved_1f1b(ranks, microbatches, chunks),
         "zb-h1": lambda: schedules.zero_bubble(ranks, microbatches),
         "zb-h2": lambda: schedules.zero_bubble_h2(ranks, microbatches),
+        "interleaved-zb": lambda: schedules.interleaved_zero_bubble(ranks, microbatches, chunks),
         "zb-v": lambda: schedules.zero_bubble_v(ranks, microbatches),
         "dualpipe-v": lambda: schedules.dualpipe_v(ranks, microbatches),
     }[name]()
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backward", type=float, default=2.0, help="with --best")
     parser.add_argument("--weight", type=float, help="with --best")
     parser.add_argument("--comm", type=float, default=0.0, help="with --best")
-    parser.add_argument("--overlap", type=float, help="with --best")
+    parser.add_argument("--overlap", type=float, help="with --best: what a pair costs")
+    parser.add_argument("--saving", type=float, help="with --best: what a pair saves")
     parser.add_argument("--max-activations", type=float, help="with --best")
     parser.add_argument("--between-steps", action="store_true", help="with --best: by period")
     args = parser.parse_args(argv)
@@ -183,11 +185,11 @@ def main(argv: list[str] | None = None) -> None:
         choice = schedules.best(
             args.ranks, args.microbatches, forward=args.forward, backward=args.backward,
             weight=args.weight, comm=args.comm, max_activations=args.max_activations,
-            overlap=args.overlap, between_steps=args.between_steps,
+            overlap=args.overlap, saving=args.saving, between_steps=args.between_steps,
         )  # fmt: skip
         print(f"# {args.ranks} ranks, {args.microbatches} microbatches; per full stage F="
               f"{args.forward:g} B={args.backward:g} W={args.weight} comm={args.comm:g} "
-              f"overlap={args.overlap}; peak act. in microbatches through a full stage")  # fmt: skip
+              f"overlap={args.overlap} saving={args.saving}; peak act. in microbatches through a full stage")  # fmt: skip
         print(choice)
         print(f"best: {choice.schedule.name}")
         return
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     xp = __import__("cupy") if arrays == "cupy" else np
     rows = []
     for name in args.schedules.split(","):
-        chunks = args.chunks if name == "interleaved" else 1
+        chunks = args.chunks if name.startswith("interleaved") else 1
         schedule = make(name, comm.size, args.microbatches, chunks)
         mine = measure(comm, schedule, args, xp)
         gathered = comm.mpi_comm.gather(mine, root=0)  # small: timings only

@@ -6,11 +6,15 @@ the characters of the Zen of Python with data x tensor x pipeline parallelism ov
 
 - tensor parallel (Megatron): attention heads and MLP columns split over ``tp``
   (column-parallel QKV and first MLP layer, row-parallel output projections), a
-  vocabulary-parallel embedding and cross-entropy; ``--sequence-parallel`` keeps the layer
-  norms, residuals and biases on a block of the sequence per ``tp`` rank;
+  vocabulary-parallel embedding and cross-entropy, all of them the library's layers
+  (``ddp.tensor_parallel``), run per microbatch with their weight gradients split off for
+  the zero-bubble schedules; ``--sequence-parallel`` keeps the layer norms, residuals and
+  biases on a block of the sequence per ``tp`` rank;
 - pipeline parallel: the blocks cut into ``P * chunks`` stages run by ``pipeline.run``
-  (``--schedule gpipe|1f1b|interleaved|zero_bubble``); the output projection is tied to the
-  token embedding, whose gradient is summed between the first and the last stage;
+  (``--schedule gpipe|1f1b|interleaved|zero_bubble|interleaved_zero_bubble|zero_bubble_v|
+  dualpipe_v``; the V schedules hold two stages per rank, the first and the last on rank
+  0); the output projection is tied to the token embedding, whose gradient is summed
+  between the ranks of the first and the last stage;
 - data parallel: DDP buckets over ``dp``, or ``--zero 1|2`` (ZeRO over ``dp``); AdamW;
 - mixed precision: ``--precision fp16|bf16`` trains half-precision parameters through
   float32 master weights (sharded under ZeRO) and float32 gradient reduction, fp16 with a
@@ -38,16 +42,23 @@ import collectives as col
 import pipeline
 from ddp import AdamW, DistributedDataParallel, LossScaler, ZeroOptimizer
 from ddp.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
     allreduce_sequence_parallel_grads,
-    copy_to_group,
-    gather_from_sequence,
-    reduce_from_group,
-    reduce_scatter_to_sequence,
     vocab_parallel_cross_entropy,
 )
 from pipeline import schedules
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+SCHEDULES = (
+    "gpipe",
+    "1f1b",
+    "interleaved",
+    "zero_bubble",
+    "interleaved_zero_bubble",
+    "zero_bubble_v",
+    "dualpipe_v",
+)
 PRECISIONS = ("fp32", "fp16", "bf16")
 VOCAB_MULTIPLE = 8  # the vocabulary is padded to this, whatever the mesh (tp must divide it)
 
@@ -162,7 +173,8 @@ class Tape:
     list it is given: zero-bubble schedules run that list later, in their W actions.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, microbatch: int) -> None:
+        self.microbatch = microbatch  # the key the tensor-parallel layers keep their state by
         self.backs: list[Callable[[Any, list], Any]] = []
 
     def push(self, back: Callable[[Any, list], Any]) -> None:
@@ -195,50 +207,53 @@ class GPT:
         self.vocab_range = (tp.rank * k, (tp.rank + 1) * k)
         self.tapes: dict[tuple[int, int], Tape] = {}
         self.deferred: dict[tuple[int, int], list] = {}
+        # name -> (library layer, weight name, bias name, whether the weight is transposed)
+        self.layers: dict[str, tuple[Any, str, Optional[str], bool]] = {}
 
-    # -- communication of a tensor-parallel region: enter (replicated or sequence block in,
-    # whole sequence out) and leave (partial sums in, replicated or sequence block out)
+    def build_layers(self, full: dict[str, np.ndarray], names: list[str]) -> None:
+        """The tensor-parallel layers of the parameters in ``names`` (this rank's stages),
+        from the full model: each shards its own weights, the same blocks as :func:`shard`."""
+        sp, xp = self.sp, self.xp
 
-    def enter(self, x: Any, tape: Tape) -> Any:
-        region = gather_from_sequence if self.sp else copy_to_group
-        tape.push(lambda dy, _: region.backward(dy, self.tp))
-        return region.forward(x, self.tp)
+        def arr(name: str) -> Any:
+            return xp.asarray(full[name])
 
-    def leave(self, partial: Any, tape: Tape) -> Any:
-        region = reduce_scatter_to_sequence if self.sp else reduce_from_group
-        tape.push(lambda dy, _: region.backward(dy, self.tp))
-        return region.forward(self.xp.ascontiguousarray(partial), self.tp)
+        for n in {name.rsplit(".", 1)[0] + "." for name in names if name.startswith("h")}:
+            for w, b, kind in (("w_qkv", "b_qkv", ColumnParallelLinear), ("w_o", "b_o", RowParallelLinear),
+                               ("w_fc", "b_fc", ColumnParallelLinear), ("w_proj", "b_proj", RowParallelLinear)):  # fmt: skip
+                layer = kind(arr(n + w), arr(n + b), self.tp, sequence_parallel=sp)
+                self.layers[n + w] = (layer, n + w, n + b, False)
+        if "wpe" in names:  # the first stage: the token embedding
+            embedding = VocabParallelEmbedding(arr("wte"), self.tp, sequence_parallel=sp)
+            self.layers["embed"] = (embedding, "wte", None, False)
+        if "lnf_g" in names:  # the last stage: the output projection, tied to wte
+            head = ColumnParallelLinear(arr("wte").T, None, self.tp, sequence_parallel=sp)
+            self.layers["head"] = (head, "wte", None, True)
+
+    def tp_layer(self, key: str, x: Any, tape: Tape) -> Any:
+        """Run the tensor-parallel layer ``key`` on ``x`` for the tape's microbatch, its
+        weights and gradients bound to the arrays DDP or ZeRO hand out (read by name when it
+        runs, like every op here; keyed gradients are added in place). Its weight gradient
+        goes to ``deferred``, for the W actions of zero-bubble schedules."""
+        layer, w, b, transposed = self.layers[key]
+        layer.weight = self.params[w].T if transposed else self.params[w]
+        layer.grad_weight = self.grads[w].T if transposed else self.grads[w]
+        if b is not None:
+            layer.bias, layer.grad_bias = self.params[b], self.grads[b]
+        m = tape.microbatch
+
+        def back(dy, deferred):
+            dx = layer.backward(dy, m, split=True)
+            deferred.append(lambda: layer.backward_weight(m))
+            return dx
+
+        tape.push(back)
+        return layer.forward(x, m)
 
     def accumulate(self, name: str, value: Any) -> None:
         self.grads[name] += value
 
     # -- ops
-
-    def linear(self, x: Any, w: str, b: Optional[str], tape: Tape) -> Any:
-        y = x @ self.params[w]
-        if b is not None:
-            y = y + self.params[b]
-
-        def back(dy, deferred):
-            def weights():
-                x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-                self.accumulate(w, x2.T @ dy2)
-                if b is not None:
-                    self.accumulate(b, dy2.sum(axis=0))
-
-            deferred.append(weights)
-            return dy @ self.params[w].T
-
-        tape.push(back)
-        return y
-
-    def bias(self, x: Any, b: str, tape: Tape) -> Any:
-        def back(dy, deferred):
-            deferred.append(lambda: self.accumulate(b, dy.reshape(-1, dy.shape[-1]).sum(axis=0)))
-            return dy
-
-        tape.push(back)
-        return x + self.params[b]
 
     def layer_norm(self, x: Any, prefix: str, tape: Tape, eps: float = 1e-5) -> Any:
         xp = self.xp
@@ -299,7 +314,7 @@ class GPT:
         return out.transpose(2, 0, 1, 3).reshape(s, batch, h * d)
 
     def residual(self, x: Any, branch: Callable[[Any, Tape], Any], tape: Tape) -> Any:
-        inner = Tape()
+        inner = Tape(tape.microbatch)
         y = x + branch(x, inner)
         tape.push(lambda dy, deferred: dy + inner.backward(dy, deferred))
         return y
@@ -308,13 +323,7 @@ class GPT:
 
     def embed(self, ids: Any, tape: Tape) -> Any:
         """Token (vocab-parallel) plus position embeddings of ``ids`` ``(S, B)``."""
-        xp = self.xp
-        lo, hi = self.vocab_range
-        owned = (ids >= lo) & (ids < hi)
-        index = xp.where(owned, ids - lo, 0)
-        mask = owned[..., None].astype(self.params["wte"].dtype)
-        tape.push(lambda dpartial, deferred: self.embed_backward(ids, dpartial, deferred))
-        x = self.leave(self.params["wte"][index] * mask, tape)
+        x = self.tp_layer("embed", ids, tape)
         p0, p1 = self.positions
 
         def back(dy, deferred):
@@ -327,55 +336,22 @@ class GPT:
         tape.push(back)
         return x + self.params["wpe"][p0:p1, None, :]
 
-    def embed_backward(self, ids: Any, dy: Any, deferred: list) -> None:
-        """The token embedding's gradient: rows of ``dy`` (partial sums) added at the owned ids."""
-        xp = self.xp
-        lo, hi = self.vocab_range
-        owned = (ids >= lo) & (ids < hi)
-        index = xp.where(owned, ids - lo, 0).reshape(-1)
-        rows = dy.reshape(-1, dy.shape[-1]) * owned.reshape(-1, 1).astype(dy.dtype)
-
-        def weights():
-            grad = self.grads["wte"]
-            if hasattr(xp, "add") and hasattr(xp.add, "at"):
-                xp.add.at(grad, index, rows)
-            else:  # older CuPy
-                import cupyx
-
-                cupyx.scatter_add(grad, index, rows)
-
-        deferred.append(weights)
-
     def block(self, x: Any, layer: int, tape: Tape) -> Any:
         n = f"h{layer}."
 
         def attention(x, t):
-            a = self.enter(self.layer_norm(x, n + "ln1", t), t)
-            a = self.attention(self.linear(a, n + "w_qkv", n + "b_qkv", t), t)
-            return self.bias(self.leave(self.linear(a, n + "w_o", None, t), t), n + "b_o", t)
+            a = self.tp_layer(n + "w_qkv", self.layer_norm(x, n + "ln1", t), t)
+            return self.tp_layer(n + "w_o", self.attention(a, t), t)
 
         def mlp(x, t):
-            a = self.enter(self.layer_norm(x, n + "ln2", t), t)
-            a = self.gelu(self.linear(a, n + "w_fc", n + "b_fc", t), t)
-            return self.bias(self.leave(self.linear(a, n + "w_proj", None, t), t), n + "b_proj", t)
+            a = self.tp_layer(n + "w_fc", self.layer_norm(x, n + "ln2", t), t)
+            return self.tp_layer(n + "w_proj", self.gelu(a, t), t)
 
         return self.residual(self.residual(x, attention, tape), mlp, tape)
 
     def head(self, x: Any, tape: Tape) -> Any:
         """Final layer norm and the output projection tied to ``wte``: this rank's logits."""
-        y = self.enter(self.layer_norm(x, "lnf", tape), tape)
-        logits = y @ self.params["wte"].T
-
-        def back(dy, deferred):
-            def weights():
-                y2, dy2 = y.reshape(-1, y.shape[-1]), dy.reshape(-1, dy.shape[-1])
-                self.accumulate("wte", dy2.T @ y2)
-
-            deferred.append(weights)
-            return dy @ self.params["wte"]
-
-        tape.push(back)
-        return logits
+        return self.tp_layer("head", self.layer_norm(x, "lnf", tape), tape)
 
     # -- pipeline stages
 
@@ -385,7 +361,7 @@ class GPT:
         first, last = index == 0, index == stages - 1
 
         def forward(x, m):
-            tape = Tape()
+            tape = Tape(m)
             if first:
                 x = self.embed(x, tape)
             else:
@@ -414,8 +390,11 @@ class GPT:
         return pipeline.Stage(forward, backward, backward_weight if split else None)
 
     def sequence_parallel_names(self) -> list[str]:
-        """Replicated parameters whose gradients are partial over tp under sequence parallel."""
-        return [n for n in self.params if SPLIT.get(n.split(".")[-1]) is None]
+        """Replicated parameters whose gradients are partial over tp under sequence parallel
+        (not the row-parallel layers' biases: those sum the all-gathered gradient)."""
+        complete = ("b_o", "b_proj")
+        return [n for n in self.params if SPLIT.get(n.split(".")[-1]) is None
+                and n.split(".")[-1] not in complete]  # fmt: skip
 
 
 # -------------------------------------------------------------------- precision
@@ -468,6 +447,12 @@ def make_schedule(cfg: Config) -> pipeline.Schedule:
         return schedules.one_f_one_b(cfg.pp, cfg.microbatches)
     if cfg.schedule == "interleaved":
         return schedules.interleaved_1f1b(cfg.pp, cfg.microbatches, cfg.chunks)
+    if cfg.schedule == "interleaved_zero_bubble":
+        return schedules.interleaved_zero_bubble(cfg.pp, cfg.microbatches, cfg.chunks)
+    if cfg.schedule == "zero_bubble_v":
+        return schedules.zero_bubble_v(cfg.pp, cfg.microbatches)
+    if cfg.schedule == "dualpipe_v":
+        return schedules.dualpipe_v(cfg.pp, cfg.microbatches)
     return schedules.zero_bubble(cfg.pp, cfg.microbatches)
 
 
@@ -528,7 +513,7 @@ def train(
     stages, m = schedule.stages, cfg.microbatches
 
     model = GPT(cfg, vocab, tp, xp)
-    mine = [c * pp.size + pp.rank for c in range(schedule.chunks)]
+    mine = [schedule.stage_of(pp.rank, c) for c in range(schedule.chunks)]
     full = init_full(cfg, vocab)
     names = ["wte", "wpe"] if 0 in mine else []
     for s in mine:
@@ -538,6 +523,7 @@ def train(
         names += ["lnf_g", "lnf_b"] + ([] if "wte" in names else ["wte"])
     dtype = param_dtype(cfg, xp)
     params = {n: xp.asarray(shard(n, full[n], tp.size, tp.rank).astype(dtype)) for n in names}
+    model.build_layers(full, names)
     optimizer = AdamW(lr=cfg.lr, weight_decay=0.01)
     scaler = make_scaler(cfg, comm)
     if cfg.zero:
@@ -550,9 +536,10 @@ def train(
         model.params, model.grads = params, {n: xp.zeros_like(p) for n, p in params.items()}
         states: dict = {}
     chunks = [model.stage(s, stages, schedule.splits_backward) for s in mine]
-    # the tied embedding lives on the first stage (rank 0) and on the last
-    tied = pipeline.tied_group(pp, (0, (stages - 1) % pp.size))
-    is_first, is_last = pp.rank == 0, pp.rank == (stages - 1) % pp.size
+    # the tied embedding lives on the first stage (rank 0) and on the last (rank 0 in a V)
+    last_rank = schedule.place(stages - 1)[0]
+    tied = pipeline.tied_group(pp, (0, last_rank))
+    is_first, is_last = pp.rank == 0, pp.rank == last_rank
     rows = cfg.global_batch // (dp.size * m)
 
     losses = []
@@ -597,7 +584,7 @@ def train(
         scaler.update()
         total = xp.asarray([sum(float(v) for v in out) / m if is_last else 0.0])
         dp.all_reduce(total, op="avg")
-        pp.broadcast(total, root=(stages - 1) % pp.size)
+        pp.broadcast(total, root=last_rank)
         losses.append(float(total[0]))
         if report is not None:
             report(step, losses[-1])

@@ -6,7 +6,7 @@ one schedule of ``pipeline.schedules`` over the ranks; the last stage also train
 unsplit copy of the same model on the same data and prints both losses: they agree to
 rounding, whatever the schedule.
 
-Options: --schedule {gpipe,1f1b,interleaved,zb-h1,zb-h2,zb-v,dualpipe-v} --chunks 2 --microbatches 8
+Options: --schedule {gpipe,1f1b,interleaved,zb-h1,zb-h2,interleaved-zb,zb-v,dualpipe-v} --chunks 2 --microbatches 8
 --steps 20 --lr 0.1 --dp 1 (with --dp 2 on 4 ranks: a 2-stage pipeline x 2 data-parallel
 replicas, over ``col.DeviceMesh(comm, {"pp": 2, "dp": 2})``).
 """
@@ -34,6 +34,8 @@ def make_schedule(name: str, ranks: int, microbatches: int, chunks: int) -> pipe
         return schedules.interleaved_1f1b(ranks, microbatches, chunks)
     if name == "zb-h1":
         return schedules.zero_bubble(ranks, microbatches)
+    if name == "interleaved-zb":
+        return schedules.interleaved_zero_bubble(ranks, microbatches, chunks)
     if name == "zb-v":
         return schedules.zero_bubble_v(ranks, microbatches)
     if name == "dualpipe-v":
@@ -54,7 +56,16 @@ def main() -> None:
     parser.add_argument(
         "--schedule",
         default="1f1b",
-        choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"],
+        choices=[
+            "gpipe",
+            "1f1b",
+            "interleaved",
+            "zb-h1",
+            "zb-h2",
+            "interleaved-zb",
+            "zb-v",
+            "dualpipe-v",
+        ],
     )
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
@@ -66,7 +77,7 @@ def main() -> None:
     comm = col.init(backend="mpi")
     mesh = col.DeviceMesh(comm, {"pp": comm.size // args.dp, "dp": args.dp})
     pp, dp, replica = mesh["pp"], mesh["dp"], mesh.coord["dp"]
-    chunks = args.chunks if args.schedule == "interleaved" else 1
+    chunks = args.chunks if args.schedule.startswith("interleaved") else 1
     m = args.microbatches
     schedule = make_schedule(args.schedule, pp.size, m, chunks).validate()
     chunks = schedule.chunks  # V schedules hold two

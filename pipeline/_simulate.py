@@ -110,6 +110,7 @@ def simulate(
     *,
     comm: float = 0.0,
     overlap: float | None = None,
+    saving: float | None = None,
 ) -> Simulation:
     """Run ``schedule`` on paper: each rank does its actions in order, each as soon as its
     inputs are there.
@@ -123,6 +124,9 @@ def simulate(
             ``overlaps``: DualPipeV's pairs); both start once both inputs are there and end
             together. Default: the sum of the two costs (they share the device; set it
             lower where the overlap hides communication, as DualPipe's does).
+        saving: instead of ``overlap``, what a pair saves over its two costs summed (a
+            pair of F and B then costs ``F + B - saving``, one of F and I ``F + I -
+            saving``): the model for overlap that hides a fixed amount of communication.
 
     Returns:
         A :class:`Simulation` with ``makespan``, ``bubble_fraction`` =
@@ -136,6 +140,10 @@ def simulate(
         (33.0, 0.2727)
     """
     cost = costs(schedule, forward, backward, weight)
+    if overlap is not None and saving is not None:
+        raise InvalidArgumentError(
+            f"simulate: overlap is {overlap} and saving is {saving}, expected at most one"
+        )
     p, last = schedule.ranks, schedule.stages - 1
     done: dict[tuple[str, int, int], float] = {}  # ("F"|"G"|"W", stage, microbatch) -> end
     free = [0.0] * p
@@ -157,7 +165,11 @@ def simulate(
                     break
                 start = max([free[r]] + readies)
                 took = sum(cost[a.kind] for a in group)
-                end = start + (overlap if len(group) == 2 and overlap is not None else took)
+                if len(group) == 2 and overlap is not None:
+                    took = overlap
+                elif len(group) == 2 and saving is not None:
+                    took = max(took - saving, 0.0)
+                end = start + took
                 free[r] = end
                 for action, stage in zip(group, stages):
                     key = "F" if action.kind is F else "W" if action.kind is W else "G"
@@ -186,7 +198,7 @@ def period(schedule: Schedule, *costs: Any, **options: Any) -> float:
     """Time per step once steps follow each other with no flush between them: each rank
     starts the next step's actions as soon as its own are done (as the zero-bubble papers
     do, with the optimizer step validated after the fact). ``costs`` (forward, backward,
-    weight) and ``options`` (comm, overlap) as for :func:`simulate`.
+    weight) and ``options`` (comm, overlap, saving) as for :func:`simulate`.
 
     ZB-H2's warm-up makes its steps interlock; at F = I = W its period is the work alone:
 

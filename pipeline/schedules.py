@@ -5,9 +5,14 @@ chunk lives: ``schedule.stage_of(rank, chunk)``). :func:`best` simulates them al
 Accepted microbatch counts:
 
 - :func:`gpipe`, :func:`one_f_one_b`, :func:`zero_bubble`, :func:`zero_bubble_h2`,
-  :func:`zero_bubble_v`, :func:`dualpipe_v`: any ``microbatches >= 1``;
-- :func:`interleaved_1f1b`: a positive multiple of ``stages`` (Megatron's rule: the chunks
-  take turns in groups of ``stages`` microbatches).
+  :func:`zero_bubble_v`, :func:`dualpipe_v`: any ``microbatches >= 1``
+  (``dualpipe_v(..., order="paper")``: at least ``2 * stages``);
+- :func:`interleaved_1f1b`, :func:`interleaved_zero_bubble`: a count that
+  ``max(1, microbatches // stages)`` equal rounds divide (any multiple of ``stages``, any
+  count below ``2 * stages``): the chunks take turns a round at a time.
+
+The published orders (ZB-V's figure, DeepSeek's DualPipeV, Megatron's interleaving) are
+written in ``pipeline/_orders.py``; PyTorch's schedule classes build the same orders.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collectives import InvalidArgumentError
 
 from ._action import Action, B, F, I, W
 from ._greedy import list_schedule
+from ._orders import dualpipe_v_paper, interleaved, rounds_of, zbv_paper
 from ._schedule import Schedule
 from ._simulate import Simulation, period, simulate
 
@@ -62,45 +68,52 @@ def interleaved_1f1b(stages: int, microbatches: int, chunks: int) -> Schedule:
     """Interleaved 1F1B (Narayanan et al., Megatron-LM): ``chunks`` model chunks per rank.
 
     Chunk c of rank r is model stage ``c * stages + r``. Microbatches go through the chunks
-    in groups of ``stages``, so ``microbatches`` must be a multiple of ``stages``. With the
-    same total work per rank, the bubble shrinks by a factor ``chunks``.
+    in rounds: ``max(1, microbatches // stages)`` equal rounds, so ``microbatches`` must be
+    a multiple of that count (any multiple of ``stages``, and any count from ``stages`` to
+    ``2 * stages - 1``). Rank r runs ``(chunks - 1) * round + 2 * (stages - 1 - r)`` warm-up
+    forwards (at most all of them), then alternates. With the same total work per rank,
+    the bubble shrinks by a factor ``chunks``.
 
         >>> print(interleaved_1f1b(2, 2, 2).to_text())
         rank 0: 0F0 0F1 1F0 1F1 1B0 1B1 0B0 0B1
-        rank 1: 0F0 0F1 1F0 1F1 1B0 1B1 0B0 0B1
+        rank 1: 0F0 0F1 1F0 1B0 1F1 1B1 0B0 0B1
     """
-    _check("interleaved_1f1b", stages, microbatches)
-    if chunks < 1:
-        raise InvalidArgumentError(f"interleaved_1f1b: chunks is {chunks}, expected >= 1")
-    if microbatches % stages:
-        raise InvalidArgumentError(
-            f"interleaved_1f1b: microbatches is {microbatches}, expected a multiple of "
-            f"stages={stages}"
-        )
+    _check_interleaved("interleaved_1f1b", stages, microbatches, chunks)
     if chunks == 1:
         return one_f_one_b(stages, microbatches)
-    total = microbatches * chunks
-    rows = []
-    for rank in range(stages):
-        if microbatches == stages:
-            warmup = total  # Megatron: nothing to interleave with, run all forwards first
-        else:
-            warmup = min(2 * (stages - rank - 1) + (chunks - 1) * stages, total)
-        row = [_virtual(k, stages, chunks, F) for k in range(warmup)]
-        for k in range(total - warmup):
-            row += [_virtual(warmup + k, stages, chunks, F), _virtual(k, stages, chunks, B)]
-        row += [_virtual(k, stages, chunks, B) for k in range(total - warmup, total)]
-        rows.append(tuple(row))
-    return Schedule(stages, microbatches, chunks, tuple(rows), f"interleaved-1f1b x{chunks}")
+    rows = interleaved(stages, microbatches, chunks, split=False)
+    return Schedule(stages, microbatches, chunks, rows, f"interleaved-1f1b x{chunks}")
 
 
-def _virtual(k: int, stages: int, chunks: int, kind) -> Action:
-    """The k-th forward (or backward) of a rank in Megatron's interleaved order."""
-    chunk = (k // stages) % chunks
-    if kind is B:
-        chunk = chunks - 1 - chunk
-    microbatch = (k // (stages * chunks)) * stages + k % stages
-    return Action(chunk, kind, microbatch)
+def interleaved_zero_bubble(stages: int, microbatches: int, chunks: int) -> Schedule:
+    """Interleaved zero bubble (Qi et al.'s ZB-1P with ``chunks`` looped chunks per rank, as
+    PyTorch's ``ScheduleInterleavedZeroBubble``): interleaved 1F1B's order with backward
+    split into I and W, rank r running ``stages - 1 - r`` fewer warm-up forwards and each
+    W (after its first ``r``) right behind the next I.
+
+    Accepts the microbatch counts of :func:`interleaved_1f1b`. At F = I = W its makespan is
+    ``(stages - 1) / 2`` below ZB-H1's at the same peak (``stages`` microbatches) where
+    ``microbatches`` is a multiple of ``stages``.
+
+        >>> print(interleaved_zero_bubble(2, 2, 2).to_text())
+        rank 0: 0F0 0F1 1F0 1F1 1I0 1W0 1I1 1W1 0I0 0W0 0I1 0W1
+        rank 1: 0F0 0F1 1F0 1I0 1F1 1I1 1W0 0I0 1W1 0I1 0W0 0W1
+    """
+    _check_interleaved("interleaved_zero_bubble", stages, microbatches, chunks)
+    rows = interleaved(stages, microbatches, chunks, split=True)
+    return Schedule(stages, microbatches, chunks, rows, f"interleaved-zb x{chunks}")
+
+
+def _check_interleaved(call: str, stages: int, microbatches: int, chunks: int) -> None:
+    _check(call, stages, microbatches)
+    if not isinstance(chunks, int) or chunks < 1:
+        raise InvalidArgumentError(f"{call}: chunks is {chunks!r}, expected an int >= 1")
+    if rounds_of(stages, microbatches) is None:
+        count = microbatches // stages
+        raise InvalidArgumentError(
+            f"{call}: microbatches is {microbatches}, expected a multiple of stages={stages} "
+            f"or of its {count} rounds (max(1, microbatches // stages))"
+        )
 
 
 def zero_bubble(stages: int, microbatches: int) -> Schedule:
@@ -138,37 +151,80 @@ def zero_bubble_h2(stages: int, microbatches: int) -> Schedule:
     return Schedule(stages, microbatches, 1, rows, "zb-h2")
 
 
-def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
+#: the orders :func:`zero_bubble_v` and :func:`dualpipe_v` can take
+V_ORDERS = ("auto", "paper", "greedy")
+
+
+def zero_bubble_v(stages: int, microbatches: int, *, order: str = "auto") -> Schedule:
     """ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory"): two chunks per
     rank in a V, rank r holding model stages r and ``2 * stages - 1 - r``
-    (``layout="v"``), backward split into I and W.
+    (``layout="v"``), backward split into I and W, at most 1F1B's peak (``stages``
+    microbatches through a full stage).
 
-    The last stage sits on rank 0, next to the first, so the first backward starts as soon
-    as the first forward has gone down and back up. Generated by a list scheduler (backward
-    first, then forward, then W) with at most ``2 * stages`` chunk activations per rank:
-    ``stages`` microbatches through a full stage, 1F1B's peak.
+    ``order``: ``"paper"`` is the paper's figure (also PyTorch's ``ScheduleZBVZeroBubble``):
+    at F = I = W one step takes ``3m + (stages - 1) / 2`` and steps run back to back at
+    exactly 3m (``pipeline.period``) for ``microbatches >= 2 * stages - 1``. ``"greedy"``
+    comes from a list scheduler (backward first, then forward, then W), shorter when there
+    are fewer microbatches. ``"auto"`` (default) takes whichever is shorter in one step at
+    F = I = W, the paper's on a tie (its period is never longer there).
 
         >>> print(zero_bubble_v(2, 2).to_text())
         rank 0: 0F0 0F1 1F0 1I0 1F1 1I1 0I0 1W0 0I1 1W1 0W0 0W1
         rank 1: 0F0 1F0 0F1 1F1 1I0 0I0 1I1 0I1 1W0 0W0 1W1 0W1
     """
     _check("zero_bubble_v", stages, microbatches)
-    return list_schedule(stages, microbatches, layout="v", chunks=2, split=True,
-                         limit=2 * stages, name="zb-v")  # fmt: skip
+    _check_order("zero_bubble_v", order)
+    paper = greedy = None
+    if order != "greedy":
+        paper = Schedule(stages, microbatches, 2, zbv_paper(stages, microbatches), "zb-v", "v")
+    if order != "paper":
+        greedy = list_schedule(stages, microbatches, layout="v", chunks=2, split=True,
+                               limit=2 * stages, name="zb-v greedy")  # fmt: skip
+    return _shorter(paper, greedy)
 
 
-def dualpipe_v(stages: int, microbatches: int) -> Schedule:
+def dualpipe_v(stages: int, microbatches: int, *, order: str = "auto") -> Schedule:
     """DualPipeV (DeepSeek-V3's DualPipe cut in half): the V of :func:`zero_bubble_v`, with
-    the forward of one microbatch and the backward (I) of another run as one overlapped
-    pair (``schedule.overlaps``, ``0F3+1I1`` in the text form) wherever both are ready.
+    the forward of one microbatch and the backward of another run as one overlapped pair
+    (``schedule.overlaps``, ``0F3+1B1`` in the text form).
 
     The overlap pays where it hides communication (DeepSeek overlaps one microbatch's
-    all-to-all with another's compute); ``pipeline.simulate(..., overlap=cost)`` models it
-    with its own cost. Up to ``2 * stages + 2`` chunk activations per rank.
+    all-to-all with another's compute); ``pipeline.simulate(..., saving=s)`` models a pair
+    that costs ``s`` less than its two halves (``overlap=cost`` gives it a fixed cost).
+
+    ``order``: ``"paper"`` is DeepSeek's (``dualpipev.py``, also PyTorch's
+    ``ScheduleDualPipeV``; needs ``microbatches >= 2 * stages``): forwards paired with full
+    backwards (B), split backward only in the drain, peak ``stages + 1/2``. ``"greedy"``
+    comes from the list scheduler, pairing a forward with an input-gradient half (I) where
+    both are ready: shorter when pairs save nothing, longer when they do, peak ``stages +
+    1``. ``"auto"`` (default): the paper's where it can be built, else the greedy one;
+    ``schedules.best`` compares both.
     """
     _check("dualpipe_v", stages, microbatches)
+    _check_order("dualpipe_v", order)
+    if order == "paper" and microbatches < 2 * stages:
+        raise InvalidArgumentError(
+            f"dualpipe_v: microbatches is {microbatches}, expected >= 2 * stages = "
+            f"{2 * stages} for order='paper'"
+        )
+    if order != "greedy" and microbatches >= 2 * stages:
+        rows, pairs = dualpipe_v_paper(stages, microbatches)
+        return Schedule(stages, microbatches, 2, rows, "dualpipe-v", "v", pairs)
     return list_schedule(stages, microbatches, layout="v", chunks=2, split=True,
-                         limit=2 * stages + 2, overlap=True, name="dualpipe-v")  # fmt: skip
+                         limit=2 * stages + 2, overlap=True, name="dualpipe-v greedy")  # fmt: skip
+
+
+def _check_order(call: str, order: str) -> None:
+    if order not in V_ORDERS:
+        raise InvalidArgumentError(
+            f"{call}: order is {order!r}, expected one of {', '.join(V_ORDERS)}"
+        )
+
+
+def _shorter(first: Schedule | None, second: Schedule | None) -> Schedule:
+    """The one of two schedules (either may be None) with the shorter step at F = I = W."""
+    options = [s for s in (first, second) if s is not None]
+    return min(options, key=lambda s: simulate(s, 1 / s.chunks, 2 / s.chunks).makespan)
 
 
 def _fill_weights(stages: int, microbatches: int, warmup: list[int], limit: int):
@@ -258,17 +314,21 @@ class Choice:
 
 
 def candidates(stages: int, microbatches: int, max_chunks: int = 4) -> list[Schedule]:
-    """Every schedule family for this shape, interleaved with each chunk count that fits
-    (2 to ``max_chunks``, where ``microbatches`` is a multiple of ``stages``)."""
+    """Every schedule family for this shape: the interleaved ones with each chunk count from
+    2 to ``max_chunks`` (where the rounds divide ``microbatches``), and both orders of the V
+    schedules where they differ."""
     out = [gpipe(stages, microbatches), one_f_one_b(stages, microbatches)]
-    if microbatches % stages == 0 and stages > 1:
+    looped = stages > 1 and rounds_of(stages, microbatches) is not None
+    if looped:
         out += [interleaved_1f1b(stages, microbatches, c) for c in range(2, max_chunks + 1)]
-    out += [
-        zero_bubble(stages, microbatches),
-        zero_bubble_h2(stages, microbatches),
-        zero_bubble_v(stages, microbatches),
-        dualpipe_v(stages, microbatches),
-    ]
+    out += [zero_bubble(stages, microbatches), zero_bubble_h2(stages, microbatches)]
+    if looped:
+        out += [interleaved_zero_bubble(stages, microbatches, c) for c in range(2, max_chunks + 1)]
+    out += [zero_bubble_v(stages, microbatches, order="paper")]
+    out += [zero_bubble_v(stages, microbatches, order="greedy")]
+    if microbatches >= 2 * stages:
+        out += [dualpipe_v(stages, microbatches, order="paper")]
+    out += [dualpipe_v(stages, microbatches, order="greedy")]
     return out
 
 
@@ -282,7 +342,9 @@ def best(
     comm: float = 0.0,
     max_activations: float | None = None,
     overlap: float | None = None,
+    saving: float | None = None,
     between_steps: bool = False,
+    max_chunks: int = 4,
 ) -> Choice:
     """The schedule with the smallest simulated makespan whose peak activations stay within
     ``max_activations`` (in microbatches through one full stage; None: no limit).
@@ -290,30 +352,35 @@ def best(
     ``forward``, ``backward``, ``weight`` (default ``backward / 2``) are the costs of one
     full model stage per rank; a schedule with c chunks per rank runs c stages of 1/c of
     that each. ``comm`` is the cost of one hop; ``overlap`` that of an overlapped forward
-    and input-gradient half of a full stage (DualPipeV; default their sum). Ties go to the
+    and input-gradient half of a full stage (DualPipeV; default their sum), or ``saving``
+    what such a pair saves over its two halves (per full stage). Ties go to the
     smaller memory, then to the simpler schedule. ``between_steps=True`` ranks by
     :func:`pipeline.period` instead (steps back to back, no flush; slower to compute).
+    ``max_chunks`` caps the chunks per rank of the looped interleaved schedules (1: none).
 
         >>> choice = best(4, 8, forward=1, backward=2, weight=1, max_activations=4)
         >>> choice.schedule.name, choice.simulation.makespan
-        ('zb-v', 25.5)
+        ('interleaved-zb x4', 24.75)
         >>> print(choice)  # the table of everything compared  # doctest: +SKIP
     """
     _check("best", stages, microbatches)
+    if overlap is not None and saving is not None:
+        raise InvalidArgumentError(
+            f"best: overlap is {overlap} and saving is {saving}, expected at most one"
+        )
     if max_activations is not None and max_activations <= 0:
         raise InvalidArgumentError(f"best: max_activations is {max_activations}, expected > 0")
     compared, sims = [], {}
-    for schedule in candidates(stages, microbatches):
+    for schedule in candidates(stages, microbatches, max_chunks):
         c = schedule.chunks
         costs = (forward / c, backward / c, None if weight is None else weight / c)
-        sim = simulate(
-            schedule, *costs, comm=comm, overlap=None if overlap is None else overlap / c
-        )
-        steady = None
-        if between_steps:
-            steady = period(
-                schedule, *costs, comm=comm, overlap=None if overlap is None else overlap / c
-            )
+        options: dict[str, float | None] = {
+            "comm": comm,
+            "overlap": None if overlap is None else overlap / c,
+            "saving": None if saving is None else saving / c,
+        }
+        sim = simulate(schedule, *costs, **options)  # type: ignore[arg-type]
+        steady = period(schedule, *costs, **options) if between_steps else None
         peak = max(sim.peak_activations)
         fits = max_activations is None or peak <= max_activations + 1e-9
         compared.append(Candidate(schedule, sim.makespan, sim.bubble_fraction, peak, fits, steady))
@@ -348,6 +415,7 @@ __all__ = [
     "dualpipe_v",
     "gpipe",
     "interleaved_1f1b",
+    "interleaved_zero_bubble",
     "one_f_one_b",
     "zero_bubble",
     "zero_bubble_h2",

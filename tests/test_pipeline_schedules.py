@@ -6,16 +6,27 @@ import pytest
 
 import collectives as col
 from pipeline import Action, ActionKind, Schedule, schedules, simulate
-from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
+from pipeline.schedules import (
+    gpipe,
+    interleaved_1f1b,
+    interleaved_zero_bubble,
+    one_f_one_b,
+    zero_bubble,
+    zero_bubble_h2,
+)
 
 CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
 
 
 def all_schedules(p, m):
     out = [gpipe(p, m), one_f_one_b(p, m), zero_bubble(p, m), zero_bubble_h2(p, m)]
-    out += [schedules.zero_bubble_v(p, m), schedules.dualpipe_v(p, m)]
-    if m % p == 0:
+    out += [schedules.zero_bubble_v(p, m, order=o) for o in ("paper", "greedy")]
+    out += [schedules.dualpipe_v(p, m, order="greedy")]
+    if m >= 2 * p:
+        out.append(schedules.dualpipe_v(p, m, order="paper"))
+    if max(1, m // p) == 1 or m % (m // p) == 0:
         out += [interleaved_1f1b(p, m, c) for c in (1, 2, 3, 4)]
+        out += [interleaved_zero_bubble(p, m, c) for c in (1, 2, 3)]
     return out
 
 
@@ -34,11 +45,16 @@ def peak_alive(row):
 @pytest.mark.parametrize("p,m", CASES)
 def test_every_action_once_and_valid(p, m):
     for schedule in all_schedules(p, m):
-        split = schedule.splits_backward
-        kinds = "FIW" if split else "FB"
-        want = sorted((c, k, mb) for c in range(schedule.chunks) for k in kinds for mb in range(m))
         for row in schedule.actions:
-            assert sorted((a.chunk, a.kind.name, a.microbatch) for a in row) == want, schedule.name
+            seen = sorted((a.chunk, a.microbatch, a.kind.name) for a in row)
+            whole = {(c, mb) for c, mb, k in seen if k == "B"}  # DualPipeV mixes B with I + W
+            want = sorted(
+                (c, mb, k)
+                for c in range(schedule.chunks)
+                for mb in range(m)
+                for k in ("FB" if (c, mb) in whole else "FIW")
+            )
+            assert seen == want, schedule.name
         schedule.validate()
 
 
@@ -49,9 +65,11 @@ def test_peak_memory(p, m):
     assert max(peak_alive(row) for row in zero_bubble(p, m).actions) <= p
     assert max(peak_alive(row) for row in zero_bubble_h2(p, m).actions) <= 2 * p - 1
     assert all(peak_alive(row) == m for row in gpipe(p, m).actions)
-    if m % p == 0 and m > p:  # Megatron's warm-up: 2(p-1-r) + (chunks-1)p forwards, then 1F1B
+    if m % p == 0:  # Megatron's warm-up: 2(p-1-r) + (chunks-1)p forwards, then 1F1B
         for r, row in enumerate(interleaved_1f1b(p, m, 2).actions):
             assert peak_alive(row) == min(2 * (p - 1 - r) + p + 1, 2 * m)
+        for row in interleaved_zero_bubble(p, m, 2).actions:  # 1F1B's peak
+            assert peak_alive(row) == min(2 * p, 2 * m)
 
 
 def test_interleaved_chunk_order_is_megatrons():
@@ -104,11 +122,12 @@ def test_stage_of_and_place():
 
 
 def test_overlaps_in_the_text_form():
-    d = schedules.dualpipe_v(4, 8)
-    assert d.overlaps and "+" in d.to_text()
-    rank, index = min(d.overlaps)
-    pair = d.actions[rank][index : index + 2]
-    assert {a.kind for a in pair} == {ActionKind.F, ActionKind.I}
+    for order, backward in [("paper", ActionKind.B), ("greedy", ActionKind.I)]:
+        d = schedules.dualpipe_v(4, 8, order=order)
+        assert d.overlaps and "+" in d.to_text()
+        rank, index = min(d.overlaps)
+        pair = d.actions[rank][index : index + 2]
+        assert {a.kind for a in pair} == {ActionKind.F, backward}
     s = Schedule.from_text("rank 0: 0F0 0F1+0B0 0B1", layout="looped")
     assert s.overlaps == {(0, 1)} and s.to_text() == "rank 0: 0F0 0F1+0B0 0B1"
 
@@ -147,8 +166,20 @@ def test_bad_schedule_text():
         (lambda: one_f_one_b(2, 0), r"one_f_one_b: microbatches is 0, expected an int >= 1"),
         (lambda: zero_bubble(2.0, 4), r"zero_bubble: stages is 2.0"),
         (lambda: zero_bubble_h2(2, -1), r"zero_bubble_h2: microbatches is -1"),
-        (lambda: interleaved_1f1b(4, 6, 2), r"microbatches is 6, expected a multiple of stages=4"),
-        (lambda: interleaved_1f1b(2, 4, 0), r"interleaved_1f1b: chunks is 0, expected >= 1"),
+        (
+            lambda: interleaved_1f1b(4, 9, 2),
+            r"microbatches is 9, expected a multiple of stages=4 or of its 2 rounds",
+        ),
+        (lambda: interleaved_1f1b(2, 4, 0), r"interleaved_1f1b: chunks is 0, expected an int >= 1"),
+        (
+            lambda: schedules.interleaved_zero_bubble(8, 17, 2),
+            r"interleaved_zero_bubble: microbatches is 17, expected a multiple of stages=8",
+        ),
+        (lambda: schedules.zero_bubble_v(2, 4, order="x"), r"zero_bubble_v: order is 'x'"),
+        (
+            lambda: schedules.dualpipe_v(4, 7, order="paper"),
+            r"dualpipe_v: microbatches is 7, expected >= 2 \* stages = 8 for order='paper'",
+        ),
     ],
 )
 def test_bad_arguments(make, match):

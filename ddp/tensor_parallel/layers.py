@@ -6,6 +6,12 @@ and ``y = x @ weight + bias``; ``x`` may have any number of leading axes. Sequen
 parallelism splits the first axis of the activations outside the pair (``x`` of the column
 layer, ``y`` of the row layer) across the group.
 
+Inside a pipeline stage, pass the microbatch: ``forward(x, mb)``, ``backward(dy, mb)``; the
+layer keeps each microbatch's input until its backward, and with ``backward(dy, mb,
+split=True)`` computes only ``dx`` and leaves the weight gradient to ``backward_weight(mb)``
+(a zero-bubble schedule's W action). Gradients of keyed calls add up until ``zero_grad()``;
+an unkeyed ``backward(dy)`` sets them (one batch at a time).
+
 Example (the unsharded MLP ``relu(x @ w1 + b1) @ w2 + b2``, on any group size)::
 
     fc1 = ColumnParallelLinear(w1, b1, tp)
@@ -18,11 +24,13 @@ Example (the unsharded MLP ``relu(x @ w1 + b1) @ w2 + b2``, on any group size)::
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from collectives import InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
+from ._state import MicrobatchState, add_grad, zero
 from .mappings import (
     copy_to_group,
     gather_from_group,
@@ -55,13 +63,15 @@ def _check_input(call: str, x: Any, features: int) -> None:
         )
 
 
-def _linear_grads(x: Any, dy: Any, weight: Any, has_bias: bool) -> tuple[Any, Any, Any]:
-    """``(dx, grad_weight, grad_bias)`` of ``y = x @ weight + bias`` for any leading axes."""
+def _weight_grads(layer: Any, microbatch: Hashable) -> None:
+    """Add (or set) ``layer``'s weight and bias gradients of ``y = x @ weight + bias`` from
+    the ``(x, dy)`` its backward deferred, for any leading axes."""
+    x, dy = layer._state.finish(microbatch)
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
-    grad_weight = x2.T @ dy2
-    grad_bias = dy2.sum(axis=0) if has_bias else None
-    return dy @ weight.T, grad_weight, grad_bias
+    layer.grad_weight = add_grad(layer.grad_weight, x2.T @ dy2, microbatch)
+    if layer.bias is not None:
+        layer.grad_bias = add_grad(layer.grad_bias, dy2.sum(axis=0), microbatch)
 
 
 class ColumnParallelLinear:
@@ -77,6 +87,9 @@ class ColumnParallelLinear:
         fc = ColumnParallelLinear(w, b, tp)      # w: (in, out), the same on every rank
         y = fc.forward(x)                        # (..., out / tp.size)
         dx = fc.backward(dy)                     # fc.grad_weight: (in, out / tp.size)
+        y = fc.forward(x, 3)                     # in a pipeline stage: microbatch 3
+        dx = fc.backward(dy, 3, split=True)      # dx only ...
+        fc.backward_weight(3)                    # ... the weight gradient later (added)
     """
 
     def __init__(
@@ -106,16 +119,16 @@ class ColumnParallelLinear:
         self.bias = None if bias is None else xp.ascontiguousarray(bias[lo:hi]).copy()
         self.grad_weight: Any = None
         self.grad_bias: Any = None
-        self._x: Any = None
+        self._state = MicrobatchState(call)
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Any, microbatch: Hashable = None) -> Any:
         """This rank's block of ``x @ weight + bias`` (all of it with ``gather_output``)."""
         _check_input("ColumnParallelLinear.forward", x, self.in_features)
         if self.sequence_parallel:
             x = gather_from_sequence.forward(x, self.comm)
         else:
             x = copy_to_group.forward(x, self.comm)
-        self._x = x
+        self._state.save(microbatch, x)
         y = x @ self.weight
         if self.bias is not None:
             y = y + self.bias
@@ -123,21 +136,27 @@ class ColumnParallelLinear:
             y = gather_from_group.forward(y, self.comm)
         return y
 
-    def backward(self, dy: Any) -> Any:
-        """Set ``grad_weight`` and ``grad_bias`` (this shard's) and return ``dL/dx``."""
-        if self._x is None:
-            raise InvalidArgumentError(
-                "ColumnParallelLinear.backward: no saved input, expected forward() first"
-            )
+    def backward(self, dy: Any, microbatch: Hashable = None, *, split: bool = False) -> Any:
+        """``dL/dx``; also this shard's ``grad_weight`` and ``grad_bias`` unless ``split``
+        (then :meth:`backward_weight` computes them)."""
+        x = self._state.take(microbatch)
         if self.gather_output:
             dy = gather_from_group.backward(dy, self.comm)
-        dx, self.grad_weight, self.grad_bias = _linear_grads(
-            self._x, dy, self.weight, self.bias is not None
-        )
-        self._x = None
+        dx = dy @ self.weight.T
+        self._state.defer(microbatch, (x, dy))
+        if not split:
+            self.backward_weight(microbatch)
         if self.sequence_parallel:
             return gather_from_sequence.backward(dx, self.comm)
         return copy_to_group.backward(dx, self.comm)
+
+    def backward_weight(self, microbatch: Hashable = None) -> None:
+        """The weight half of ``backward(dy, microbatch, split=True)``: no communication."""
+        _weight_grads(self, microbatch)
+
+    def zero_grad(self) -> None:
+        """Zero the gradients summed so far, in place (before each step's microbatches)."""
+        self.grad_weight, self.grad_bias = zero(self.grad_weight), zero(self.grad_bias)
 
 
 class RowParallelLinear:
@@ -153,6 +172,8 @@ class RowParallelLinear:
         fc = RowParallelLinear(w, b, tp)         # w: (in, out), the same on every rank
         y = fc.forward(h)                        # h: (..., in / tp.size); y: (..., out)
         dh = fc.backward(dy)                     # fc.grad_weight: (in / tp.size, out)
+        dh = fc.backward(dy, 3, split=True)      # microbatch 3 of a pipeline: dx only,
+        fc.backward_weight(3)                    # the weight gradient later (added)
     """
 
     def __init__(
@@ -182,9 +203,9 @@ class RowParallelLinear:
         self.bias = None if bias is None else xp.ascontiguousarray(bias).copy()
         self.grad_weight: Any = None
         self.grad_bias: Any = None
-        self._x: Any = None
+        self._state = MicrobatchState(call)
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Any, microbatch: Hashable = None) -> Any:
         """``x @ weight + bias``, replicated (or this rank's block of the first axis)."""
         call = "RowParallelLinear.forward"
         if self.input_is_parallel:
@@ -192,7 +213,7 @@ class RowParallelLinear:
         else:
             _check_input(call, x, self.in_features)
             x = scatter_to_group.forward(x, self.comm)
-        self._x = x
+        self._state.save(microbatch, x)
         partial = x @ self.weight
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence.forward(partial, self.comm)
@@ -202,22 +223,28 @@ class RowParallelLinear:
             y = y + self.bias
         return y
 
-    def backward(self, dy: Any) -> Any:
-        """Set ``grad_weight`` (this shard's) and ``grad_bias`` (whole) and return ``dL/dx``."""
-        if self._x is None:
-            raise InvalidArgumentError(
-                "RowParallelLinear.backward: no saved input, expected forward() first"
-            )
+    def backward(self, dy: Any, microbatch: Hashable = None, *, split: bool = False) -> Any:
+        """``dL/dx``; also ``grad_weight`` (this shard's) and ``grad_bias`` (whole) unless
+        ``split`` (then :meth:`backward_weight` computes them)."""
+        x = self._state.take(microbatch)
         if self.sequence_parallel:
             # The all-gathered dy covers the whole first axis, so its sum is the gradient of
             # the whole bias: no partial bias gradient is left to reduce, unlike Megatron's.
             dy = reduce_scatter_to_sequence.backward(dy, self.comm)
         else:
             dy = reduce_from_group.backward(dy, self.comm)
-        dx, self.grad_weight, self.grad_bias = _linear_grads(
-            self._x, dy, self.weight, self.bias is not None
-        )
-        self._x = None
+        dx = dy @ self.weight.T
+        self._state.defer(microbatch, (x, dy))
+        if not split:
+            self.backward_weight(microbatch)
         if not self.input_is_parallel:
             return scatter_to_group.backward(dx, self.comm)
         return dx
+
+    def backward_weight(self, microbatch: Hashable = None) -> None:
+        """The weight half of ``backward(dy, microbatch, split=True)``: no communication."""
+        _weight_grads(self, microbatch)
+
+    def zero_grad(self) -> None:
+        """Zero the gradients summed so far, in place (before each step's microbatches)."""
+        self.grad_weight, self.grad_bias = zero(self.grad_weight), zero(self.grad_bias)

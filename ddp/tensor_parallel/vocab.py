@@ -15,11 +15,13 @@ Example (a language-model head tied to nothing, on any group size)::
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from collectives import InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
+from ._state import MicrobatchState, add_grad, zero
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy"]
@@ -66,6 +68,12 @@ class VocabParallelEmbedding:
         emb = VocabParallelEmbedding(table, tp)
         h = emb.forward(np.array([[3, 1, 4]]))   # (1, 3, dim)
         emb.backward(dh)                          # emb.grad_weight: (vocab / size, dim)
+        h = emb.forward(ids, 3)                   # microbatch 3 of a pipeline stage
+        emb.backward(dh, 3, split=True)           # the communication only ...
+        emb.backward_weight(3)                    # ... the rows' gradient later (added)
+
+    Keyed calls keep each microbatch's ids until its backward, and add their gradients up
+    until ``zero_grad()``; an unkeyed ``backward(dy)`` sets ``grad_weight``.
     """
 
     def __init__(self, weight: Any, comm: Any, *, sequence_parallel: bool = False) -> None:
@@ -82,36 +90,44 @@ class VocabParallelEmbedding:
         self.range = (comm.rank * k, (comm.rank + 1) * k)
         self.weight = xp.ascontiguousarray(weight[self.range[0] : self.range[1]]).copy()
         self.grad_weight: Any = None
-        self._ids: Any = None
+        self._state = MicrobatchState(call)
 
-    def forward(self, ids: Any) -> Any:
+    def forward(self, ids: Any, microbatch: Hashable = None) -> Any:
         """The embeddings of ``ids`` (any integer array), shape ``(*ids.shape, dim)``."""
         _check_ids("VocabParallelEmbedding.forward", ids, self.vocab)
         index, owned = _local_ids(ids, *self.range)
         partial = self.weight[index] * owned[..., None].astype(self.weight.dtype)
-        self._ids = ids
+        self._state.save(microbatch, ids)
         if self.sequence_parallel:
             return reduce_scatter_to_sequence.forward(partial, self.comm)
         return reduce_from_group.forward(partial, self.comm)
 
-    def backward(self, dy: Any) -> None:
-        """Set ``grad_weight`` (this rank's rows); ids have no gradient, so returns None."""
-        if self._ids is None:
-            raise InvalidArgumentError(
-                "VocabParallelEmbedding.backward: no saved ids, expected forward() first"
-            )
+    def backward(self, dy: Any, microbatch: Hashable = None, *, split: bool = False) -> None:
+        """``grad_weight`` (this rank's rows) unless ``split`` (then :meth:`backward_weight`
+        computes it); ids have no gradient, so returns None."""
+        ids = self._state.take(microbatch)
         if self.sequence_parallel:
             dy = reduce_scatter_to_sequence.backward(dy, self.comm)
         else:
             dy = reduce_from_group.backward(dy, self.comm)
+        self._state.defer(microbatch, (ids, dy))
+        if not split:
+            self.backward_weight(microbatch)
+        return None
+
+    def backward_weight(self, microbatch: Hashable = None) -> None:
+        """The weight half of ``backward(dy, microbatch, split=True)``: no communication."""
+        ids, dy = self._state.finish(microbatch)
         xp = array_module(dy)
-        index, owned = _local_ids(self._ids, *self.range)
+        index, owned = _local_ids(ids, *self.range)
         grad = xp.zeros_like(self.weight)
         rows = dy.reshape(-1, self.dim) * owned.reshape(-1, 1).astype(dy.dtype)
         _scatter_add(grad, index.reshape(-1), rows)
-        self.grad_weight = grad
-        self._ids = None
-        return None
+        self.grad_weight = add_grad(self.grad_weight, grad, microbatch)
+
+    def zero_grad(self) -> None:
+        """Zero the gradient summed so far, in place (before each step's microbatches)."""
+        self.grad_weight = zero(self.grad_weight)
 
 
 class VocabParallelCrossEntropy:
@@ -128,13 +144,15 @@ class VocabParallelCrossEntropy:
         ce = VocabParallelCrossEntropy(tp)
         loss = ce.forward(logits, target)           # (batch, seq)
         dlogits = ce.backward(np.full(loss.shape, 1.0 / loss.size))   # gradient of the mean
+        loss = ce.forward(logits, target, 3)        # microbatch 3, with others in flight
+        dlogits = ce.backward(dloss, 3)
     """
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
-        self._saved: Any = None
+        self._state = MicrobatchState("VocabParallelCrossEntropy")
 
-    def forward(self, logits: Any, target: Any) -> Any:
+    def forward(self, logits: Any, target: Any, microbatch: Hashable = None) -> Any:
         """The loss ``logsumexp(logits) - logits[target]`` at every position."""
         call = "VocabParallelCrossEntropy.forward"
         if tuple(target.shape) != tuple(logits.shape[:-1]):
@@ -156,17 +174,13 @@ class VocabParallelCrossEntropy:
         sums = xp.stack([exp.sum(axis=-1), picked * owned.astype(logits.dtype)])
         sums = reduce_from_group.forward(sums, self.comm)
         sum_exp, target_logit = sums[0], sums[1]
-        self._saved = (exp / sum_exp[..., None], index, owned)
+        self._state.save(microbatch, (exp / sum_exp[..., None], index, owned))
         return xp.log(sum_exp) - target_logit
 
-    def backward(self, dloss: Any) -> Any:
+    def backward(self, dloss: Any, microbatch: Hashable = None) -> Any:
         """This rank's block of ``dL/dlogits`` given ``dL/dloss`` at every position."""
-        if self._saved is None:
-            raise InvalidArgumentError(
-                "VocabParallelCrossEntropy.backward: nothing saved, expected forward() first"
-            )
         xp = array_module(dloss)
-        softmax, index, owned = self._saved
+        softmax, index, owned = self._state.take(microbatch)
         if tuple(dloss.shape) != tuple(softmax.shape[:-1]):
             raise InvalidArgumentError(
                 f"VocabParallelCrossEntropy.backward: dloss has shape {tuple(dloss.shape)}, "
@@ -175,7 +189,6 @@ class VocabParallelCrossEntropy:
         columns = xp.arange(softmax.shape[-1])
         onehot = (columns == index[..., None]) & owned[..., None]
         grad = softmax - onehot.astype(softmax.dtype)
-        self._saved = None
         return grad * dloss[..., None]
 
 

@@ -45,6 +45,9 @@ MESHES = [
     (2, 1, 2, "interleaved", 2, False),
     (1, 4, 1, "gpipe", 0, True),
     (1, 1, 4, "1f1b", 0, False),
+    (1, 2, 2, "zero_bubble_v", 0, True),
+    (2, 1, 2, "dualpipe_v", 1, False),
+    (1, 2, 2, "interleaved_zero_bubble", 2, False),
 ]
 
 
@@ -96,6 +99,7 @@ def test_hand_written_backward_matches_finite_differences():
         full = example.init_full(cfg, 16)
         model.params = {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in full.items()}
         model.grads = {k: np.zeros_like(v) for k, v in full.items()}
+        model.build_layers(full, list(full))
         stage = model.stage(0, 1, split=False)
         ids, target = rng.integers(0, 16, size=(2, 5, 3))
 

@@ -62,16 +62,20 @@ SCHEDULES = {
     "interleaved-2": lambda p, m: schedules.interleaved_1f1b(p, m, 2),
     "zb-h1": lambda p, m: schedules.zero_bubble(p, m),
     "zb-h2": lambda p, m: schedules.zero_bubble_h2(p, m),
-    "zb-v": lambda p, m: schedules.zero_bubble_v(p, m),
-    "dualpipe-v": lambda p, m: schedules.dualpipe_v(p, m),
+    "interleaved-zb-2": lambda p, m: schedules.interleaved_zero_bubble(p, m, 2),
+    "interleaved-zb-3": lambda p, m: schedules.interleaved_zero_bubble(p, m - 1, 3),
+    "zb-v": lambda p, m: schedules.zero_bubble_v(p, m, order="paper"),
+    "zb-v-greedy": lambda p, m: schedules.zero_bubble_v(p, m, order="greedy"),
+    "dualpipe-v": lambda p, m: schedules.dualpipe_v(p, m, order="paper"),
+    "dualpipe-v-greedy": lambda p, m: schedules.dualpipe_v(p, m, order="greedy"),
 }
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["split-backward", "whole-backward"])
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_same_losses_and_gradients_as_unsplit(comm, xp, name, split):
-    p, m = comm.size, 2 * comm.size
-    schedule = SCHEDULES[name](p, m)
+    schedule = SCHEDULES[name](comm.size, 2 * comm.size)
+    m = schedule.microbatches
     weights = init_weights([WIDTH] * (schedule.stages + 1), np.random.default_rng(0))
     xs, ts = data(m)
     want_losses, want_grads = reference(weights, xs, ts, scale=1 / m)
