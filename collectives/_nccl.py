@@ -8,19 +8,12 @@ deadlock against another's kernel). Each call is ordered after the caller's curr
 the communicator's device and (synchronous calls) leaves that stream waiting on its
 completion event; the host is not blocked.
 
-Failure: arrays of calls in flight stay referenced until their event completes. A watchdog
-thread polls those events and ``check_async_error``; past the timeout it marks the backend
-failed and aborts the communicator, but never while a thread is inside an NCCL call on it
-(NCCL forbids concurrent use of one communicator): then the abort waits until that thread
-leaves NCCL. Arrays are released only after the abort and once the stream is idle.
+Failure handling, the watchdog and the calls in flight are in :mod:`._nccl_flight`; the
+device, its stream and communicator creation in :mod:`._nccl_device`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
-import threading
 import time
 from typing import Any, Callable
 
@@ -33,112 +26,41 @@ from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
 from ._errors import (
     BackendUnavailableError,
     CollectivesError,
-    CollectiveTimeoutError,
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from ._nccl_rules import cuda_error, event_query_done, nccl_error
+from ._nccl_device import (
+    choose_device,
+    create_communicator,
+    device_stream,
+    nccl_unavailable_reason,
+    placement,
+)
+from ._nccl_device import event_done as _event_done  # noqa: F401  (imported from here)
+from ._nccl_device import finished as _finished
+from ._nccl_flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
+from ._nccl_rules import cuda_error, nccl_error
 from ._ops import ReduceOp
-from ._work import Pending, timeout_error
 
-WATCHDOG_PERIOD_S = 0.1
+__all__ = [
+    "SPLIT_VERSION",
+    "WATCHDOG_PERIOD_S",
+    "NcclBackend",
+    "NcclPending",
+    "choose_device",
+    "create_communicator",
+    "device_stream",
+    "end_group",
+    "make_nccl_backend",
+    "nccl_unavailable_reason",
+    "placement",
+]
+
 #: ncclCommSplit first shipped in NCCL 2.18 (CuPy raises RuntimeError when built before it).
 SPLIT_VERSION = 21800
 
-_STREAMS: dict[int, Any] = {}
-_STREAMS_LOCK = threading.Lock()
 
-
-def nccl_unavailable_reason() -> str | None:
-    """None when CuPy sees a GPU and NCCL loads; otherwise why not."""
-    try:
-        import cupy
-        from cupy.cuda import nccl
-    except Exception as e:  # ImportError, or a CUDA library that fails to load
-        return f"CuPy with NCCL is not importable ({e})"
-    if not getattr(nccl, "available", True):
-        return "CuPy was built or installed without NCCL (pip install nvidia-nccl-cu12 or -cu13)"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device is visible"
-    except Exception as e:
-        return f"no usable CUDA device ({e})"
-    return None
-
-
-def device_stream(device: int) -> Any:
-    """The one stream every NCCL communicator of this process uses on ``device``."""
-    import cupy
-
-    with _STREAMS_LOCK:
-        stream = _STREAMS.get(device)
-        if stream is None:
-            with cupy.cuda.Device(device):  # a Stream belongs to the device current at creation
-                stream = _STREAMS[device] = cupy.cuda.Stream(non_blocking=True)
-        return stream
-
-
-class NcclPending(Pending):
-    event: Any = None
-    error: CollectivesError | None = None
-
-    def __init__(self, backend: NcclBackend, blocking: bool = False):
-        super().__init__()
-        self.blocking = blocking
-        self.backend = backend
-        self.held = False  # launched at the end of this thread's group
-
-    def test(self) -> bool:
-        if not self.done and self.event is not None:
-            try:
-                finished = _event_done(self.event)
-            except self.backend.cupy.cuda.runtime.CUDARuntimeError as e:
-                self.backend.fail(cuda_error(self.call, e))
-                return False
-            if finished:
-                self._complete()
-        return self.done
-
-    def as_dict(self) -> dict:
-        self.test()  # a synchronous call is never waited on again: mark it here
-        return super().as_dict()
-
-    def wait(self, comm: Any) -> None:
-        self.backend.raise_if_failed()
-        if self.error is not None:
-            raise self.error
-        if self.event is None:
-            if self.held and groups.current().open and not self.backend.own_group_open:
-                # Held by another communicator's group on this thread: ordered at its end.
-                groups.current().wait_at_end(self)
-                return
-            raise InvalidArgumentError(
-                "Work.wait: the call is inside a comm.group() that has not ended; wait after the with-block"
-            )
-        if self.blocking:
-            self.synchronize(comm)
-            return
-        self.backend.order_caller_after(self.event)
-
-    def synchronize(self, comm: Any) -> None:
-        if self.error is not None:
-            raise self.error
-        if self.event is None:
-            raise InvalidArgumentError(
-                "Work.synchronize: the call is inside a comm.group() that has not "
-                "ended; synchronize after the with-block"
-            )
-        while not self.test():
-            self.backend.raise_if_failed()
-            waited = overdue(self.start, self.backend.timeout)
-            if waited is not None:
-                self.backend.fail(timeout_error(comm, self, waited))
-                self.backend.raise_if_failed()
-            time.sleep(1e-5 if time.monotonic() - self.start < 0.01 else 1e-3)
-        self.backend.raise_if_failed()
-
-
-class NcclBackend:
+class NcclBackend(WatchedCommunicator):
     """Collectives over one ``cupy.cuda.nccl.NcclCommunicator``.
 
     Example:
@@ -146,194 +68,6 @@ class NcclBackend:
     """
 
     name = "nccl"
-
-    def __init__(self, nccl_comm: Any, bootstrap: Bootstrap, device: int, timeout: float):
-        import cupy
-        from cupy.cuda import nccl
-
-        self.cupy = cupy
-        self.nccl = nccl
-        self.comm = nccl_comm
-        self.bootstrap = bootstrap
-        self.rank = bootstrap.rank
-        self.size = bootstrap.size
-        self.device = device
-        self.timeout = timeout
-        self.stream = device_stream(device)
-        self.has_avg = nccl.get_version() >= 21000
-        self._in_flight: list[tuple[NcclPending, tuple]] = []
-        self._lock = threading.Lock()
-        self._error: CollectivesError | None = None
-        # A thread inside an NCCL call on this communicator: (since, pending). Calls held by
-        # an open group count in _held: NCCL keeps the communicator in the thread's group.
-        self._entered: tuple[float, NcclPending | None] | None = None
-        self._held = 0
-        self._abort_deferred = False
-        self._own_groups = 0
-        self._front: Any = None
-        self._stop = threading.Event()
-        self._warned_host_hang = False
-        self._drained: Any = None  # the event after which the arrays in flight may go
-        self._watchdog = threading.Thread(
-            target=self._watch, name="collectives-nccl-watchdog", daemon=True
-        )
-        self._watchdog.start()
-
-    @property
-    def failure(self) -> CollectivesError | None:
-        """The error that ended this backend, or None."""
-        return self._error
-
-    @property
-    def own_group_open(self) -> bool:
-        return self._own_groups > 0
-
-    # ---------------------------------------------------------------- failure handling
-
-    def fail(self, error: CollectivesError) -> None:
-        """Remember why (the first reason wins), then abort once no thread is in NCCL on it."""
-        with self._lock:
-            if self._error is None:
-                self._error = error
-        self._request_abort()
-
-    def raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _request_abort(self) -> None:
-        with self._lock:
-            if self._entered is not None or self._held:
-                self._abort_deferred = True  # done by _leave, in the thread that is inside
-                return
-            comm, self.comm = self.comm, None
-        self._abort_now(comm)
-
-    def _abort_now(self, comm: Any) -> None:
-        """Abort ``comm``, taken from ``self.comm`` by this thread. Only the thread that took
-        the communicator stops the watchdog, once ``_drained`` is recorded: another that
-        finds it gone (None) leaves the arrays to it."""
-        if comm is None:
-            return
-        try:
-            with self.cupy.cuda.Device(self.device):
-                try:  # completes once what was queued before the abort has left the stream
-                    self._drained = self.stream.record(self._event())
-                finally:
-                    comm.abort()
-        except Exception as e:  # the failure is recorded already: say this one, go on
-            sys.stderr.write(f"collectives: rank {self.rank}: aborting NCCL failed: {e}\n")
-        finally:
-            self._stop.set()  # the watchdog releases the arrays once _drained completes
-
-    def _enter(self, pending: NcclPending | None, strict: bool = True) -> None:
-        """This thread is about to call NCCL on the communicator. ``strict``: refuse when it
-        has failed (not for a groupEnd, which must run whatever happened since groupStart)."""
-        with self._lock:
-            if strict and self._error is not None:
-                raise self._error
-            if strict and self.comm is None:
-                call = pending.call if pending else "nccl"
-                raise CommunicatorStateError(f"{call}: communicator is closed")
-            self._entered = (time.monotonic(), pending)
-
-    def _leave(self, released: int = 0) -> None:
-        with self._lock:
-            self._entered = None
-            self._held -= released
-            comm = None
-            if self._abort_deferred and not self._held:
-                self._abort_deferred = False
-                comm, self.comm = self.comm, None
-                abort = True
-            else:
-                abort = False
-        if abort:
-            self._abort_now(comm)
-
-    def _forget(self, pendings: list[NcclPending], error: CollectivesError) -> None:
-        """Calls that were never launched: out of the in-flight list, so that they neither
-        time out later (aborting a healthy communicator) nor hold their arrays."""
-        with self._lock:
-            gone = {id(p) for p in pendings}
-            self._in_flight = [e for e in self._in_flight if id(e[0]) not in gone]
-        for p in pendings:
-            p.error, p.state = error, "failed"
-
-    def _watch(self) -> None:
-        try:
-            self.cupy.cuda.Device(self.device).use()  # this thread's CUDA calls: our device
-        except Exception:
-            pass
-        while not self._stop.wait(WATCHDOG_PERIOD_S):
-            try:
-                if self._error is None:
-                    self._check()
-                elif not self._warned_host_hang and self._entered is not None:
-                    self._warn_host_hang()
-            except Exception as e:  # never die silently: the failure aborts, and we go on
-                self.fail(nccl_error("watchdog", e))
-        self._release_arrays()
-
-    def _check(self) -> None:
-        now = time.monotonic()
-        try:
-            with self._lock:
-                self._in_flight = [e for e in self._in_flight if not _finished(e[0])]
-                launched = [p for p, _ in self._in_flight if p.event is not None]
-                entered = self._entered
-        except self.cupy.cuda.runtime.CUDARuntimeError as e:  # a fault: the device is lost
-            self.fail(cuda_error("watchdog", e))
-            return
-        # A host thread stuck in NCCL (a lazy connect to a missing peer) is timed from when
-        # it entered; launched calls from when they were issued (the list is in issue order).
-        if entered is not None and (waited := overdue(entered[0], self.timeout, now)):
-            self.fail(self._timeout(entered[1], waited))
-            return
-        if launched and (waited := overdue(launched[0].start, self.timeout, now)):
-            self.fail(self._timeout(launched[0], waited))
-            return
-        try:
-            with self._lock:  # close() and abort() take the communicator under this lock
-                if self.comm is not None and self._entered is None:
-                    self.comm.check_async_error()
-        except Exception as e:
-            self.fail(nccl_error("NCCL reported an asynchronous error", e))
-
-    def _timeout(self, pending: NcclPending | None, waited: float) -> CollectivesError:
-        if self._front is None or pending is None:  # a group's launch, a split
-            return CollectiveTimeoutError(
-                f"an NCCL call (a group's end or a split) on rank {self.rank} did not return "
-                f"after {waited:.1f} s (timeout {self.timeout:g} s); the communicator is aborted"
-            )
-        try:
-            return timeout_error(self._front, pending, waited)
-        except RuntimeError:  # the caller's thread appended to the recorder as it was read
-            return self._timeout(None, waited)
-
-    def _warn_host_hang(self) -> None:
-        self._warned_host_hang = True
-        entered = self._entered
-        what = entered[1].describe() if entered and entered[1] is not None else "an NCCL call"
-        sys.stderr.write(
-            f"collectives: rank {self.rank}: {what} timed out while the host is inside NCCL; "
-            "the communicator is aborted when that call returns\n"
-        )
-
-    def _release_arrays(self) -> None:
-        """After the abort (or destroy): drop the arrays once what was queued before it has
-        left the stream, so that CuPy's pool cannot hand them out while a kernel still
-        writes them. If that never happens within the timeout, they are kept for good."""
-        drained, start = self._drained, time.monotonic()
-        try:
-            while drained is not None and not _event_done(drained):
-                if overdue(start, self.timeout) is not None:
-                    return
-                time.sleep(WATCHDOG_PERIOD_S)
-        except self.cupy.cuda.runtime.CUDARuntimeError:
-            return  # the device has failed: what it holds stays held
-        with self._lock:
-            self._in_flight.clear()
 
     # ---------------------------------------------------------------- issuing
 
@@ -351,24 +85,6 @@ class NcclBackend:
                     f"{call}: {arg} is on device {a.device.id}, expected device "
                     f"{self.device} (the communicator's)"
                 )
-
-    def _polled(self, event: Any, call: str) -> bool:
-        """Whether ``event`` has completed; a CUDA error fails the backend (and says no).
-        Not under ``_lock`` (``fail`` takes it)."""
-        try:
-            return _event_done(event)
-        except self.cupy.cuda.runtime.CUDARuntimeError as e:
-            self.fail(cuda_error(call, e))
-            return False
-
-    def _event(self) -> Any:
-        """A completion event; no timing (cheaper). The caller has made our device current."""
-        return self.cupy.cuda.Event(disable_timing=True)
-
-    def order_caller_after(self, event: Any) -> None:
-        """The caller's current stream on our device waits for ``event``."""
-        with self.cupy.cuda.Device(self.device):
-            self.cupy.cuda.get_current_stream(self.device).wait_event(event)
 
     def _launch(
         self,
@@ -757,59 +473,6 @@ def end_group(nccl: Any) -> None:
             failures.append(e)
     if failures:
         raise failures[0]
-
-
-def _finished(pending: NcclPending) -> bool:
-    event = pending.event
-    return event is not None and _event_done(event)
-
-
-def _event_done(event: Any) -> bool:
-    """Whether a ``cupy.cuda.Event`` has completed. CuPy's ``Event.done`` is
-    ``eventQuery(ptr) == 0``, which after a kernel fault says "not yet" for ever; this
-    raises ``CUDARuntimeError`` for a status other than success or not-ready."""
-    from cupy.cuda import runtime
-
-    return event_query_done(runtime.eventQuery(event.ptr), runtime.CUDARuntimeError)
-
-
-def create_communicator(bootstrap: Bootstrap, device: int) -> Any:
-    """An ``NcclCommunicator`` over the bootstrap's ranks: rank 0 makes the unique id (bytes
-    on CuPy 14, a tuple on CuPy 13), the bootstrap shares it, every rank joins."""
-    import cupy
-    from cupy.cuda import nccl
-
-    uid = bootstrap.share(nccl.get_unique_id)
-    with cupy.cuda.Device(device):
-        return nccl.NcclCommunicator(bootstrap.size, uid, bootstrap.rank)
-
-
-def choose_device(device: int | None, local_rank: int) -> int:
-    """The GPU this rank uses: ``device``, or ``local_rank % device_count``."""
-    import cupy
-
-    count = cupy.cuda.runtime.getDeviceCount()
-    chosen = local_rank % count if device is None else device
-    if not 0 <= chosen < count:
-        raise InvalidArgumentError(f"init: device must be in [0, {count}), got {device}")
-    return chosen
-
-
-def placement(device: int) -> tuple[str, str, str, str | None, int]:
-    """(host, the GPU's PCI bus id, its UUID, ``NCCL_MULTI_RANK_GPU_ENABLE``, NCCL version):
-    what :func:`collectives._nccl_rules.shared_gpu_reason` decides from."""
-    import cupy
-    from cupy.cuda import nccl
-
-    # NCCL 2.30.7+ tells GPUs apart by UUID (two MIG instances share a bus id); before, by bus id.
-    uuid = cupy.cuda.runtime.getDeviceProperties(device).get("uuid", b"")
-    return (
-        socket.gethostname(),
-        cupy.cuda.Device(device).pci_bus_id,
-        bytes(uuid).hex(),
-        os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE"),
-        nccl.get_version(),
-    )
 
 
 def make_nccl_backend(
