@@ -5,21 +5,21 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from collectives import CollectiveMismatchError, InvalidArgumentError, array_module, to_array
+from collectives import InvalidArgumentError, array_module, to_array
 from collectives.timeline import span as timeline_span
 
 from . import hooks as _hooks
 from ._buckets import Bucket, assign_buckets, make_buckets
 from ._pack import _PointerTable, pack, unpack
+from ._param_check import check_params_agree
 from ._precision import dtype_label, is_half, round_into, to_float32
-from ._scalars import reduce_scalars
+from ._tune import tune_bucket_cap
 
 _CALL = "DistributedDataParallel"
 
@@ -110,35 +110,6 @@ class _Clock:
         return stamp - self._origin
 
 
-def check_params_agree(comm: Any, params: Mapping[str, Any], call: str) -> None:
-    """Every rank must hold the same names, shapes and dtypes, in the same order."""
-    mine = [(name, tuple(p.shape), dtype_label(p)) for name, p in params.items()]
-    fingerprint = float(zlib.crc32(repr(mine).encode()))
-    high, low = reduce_scalars(comm, [fingerprint, -fingerprint], "max")
-    if high == fingerprint and -low == fingerprint:
-        return
-    # metadata only (never arrays): pickling mpi4py calls are fine here
-    every = comm.mpi_comm.allgather(mine)
-    for i in range(max(len(e) for e in every)):
-        column = [e[i] if i < len(e) else None for e in every]
-        if len(set(column)) > 1:
-            break
-    groups: dict[Any, list[int]] = {}
-    for rank, entry in enumerate(column):
-        groups.setdefault(entry, []).append(rank)
-    parts = []
-    for entry, ranks in groups.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-        if entry is None:
-            parts.append(f"{who}: no parameter")
-        else:
-            name, shape, dtype = entry
-            parts.append(f"{who}: {name!r} shape {shape} dtype {dtype}")
-    raise CollectiveMismatchError(
-        f"{call}: params differ across ranks at parameter {i}: " + "; ".join(parts)
-    )
-
-
 class DistributedDataParallel:
     """Data-parallel gradient reduction over bucketed flat buffers.
 
@@ -211,8 +182,6 @@ class DistributedDataParallel:
         #: what ``bucket_cap_mb="auto"`` measured (a ``BucketCapTuning``), else None
         self.tuning: Any = None
         if auto:
-            from ._tune import tune_bucket_cap
-
             self.tuning = tune_bucket_cap(
                 comm, described, first_bucket_cap_mb=first_bucket_cap_mb, check=False
             )

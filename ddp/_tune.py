@@ -23,7 +23,7 @@ from collectives import InvalidArgumentError, array_module
 
 from . import hooks
 from ._buckets import BucketSpec, _describe, assign_buckets
-from ._ddp import check_params_agree
+from ._param_check import check_params_agree
 
 _CALL = "tune_bucket_cap"
 DEFAULT_CAPS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
