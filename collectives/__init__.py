@@ -20,6 +20,7 @@ backend's array module), ``array_module``, ``to_array``, ``DTYPES``, the bfloat1
 from ._abort import abort_on_exception, install_default
 from ._arrays import BFloat16Array, array_module, as_bfloat16, to_array
 from ._communicator import Communicator
+from ._communicator_like import CommunicatorLike as CommunicatorLike
 from ._dtypes import DTYPES
 from ._errors import (
     BackendUnavailableError,

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collectives import InvalidArgumentError, array_module, to_array
+from collectives import CommunicatorLike, InvalidArgumentError, array_module, to_array
 from collectives.timeline import span as timeline_span
 
 from . import hooks as _hooks
@@ -52,7 +52,7 @@ class DDPStats:
 class _Clock:
     """Host timestamps, or CUDA events on GPU (read back lazily, when stats are asked for)."""
 
-    def __init__(self, xp: Any, comm: Any):
+    def __init__(self, xp: Any, comm: CommunicatorLike):
         self._cuda = xp is not np
         self._comm = comm
         self._origin: Any = None
@@ -143,7 +143,7 @@ class DistributedDataParallel:
     def __init__(
         self,
         params: Mapping[str, Any],
-        comm: Any,
+        comm: CommunicatorLike,
         *,
         bucket_cap_mb: float | str = 25.0,
         first_bucket_cap_mb: float = 1.0,

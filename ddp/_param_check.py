@@ -10,13 +10,13 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from collectives import CollectiveMismatchError
+from collectives import CollectiveMismatchError, CommunicatorLike
 
 from ._precision import dtype_label
 from ._scalars import reduce_scalars
 
 
-def check_params_agree(comm: Any, params: Mapping[str, Any], call: str) -> None:
+def check_params_agree(comm: CommunicatorLike, params: Mapping[str, Any], call: str) -> None:
     """Every rank must hold the same names, shapes and dtypes, in the same order."""
     mine = [(name, tuple(p.shape), dtype_label(p)) for name, p in params.items()]
     fingerprint = float(zlib.crc32(repr(mine).encode()))

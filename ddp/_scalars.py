@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from collectives import CommunicatorLike
 
-def reduce_scalars(comm: Any, values: Sequence[float], op: str) -> list[float]:
+
+def reduce_scalars(comm: CommunicatorLike, values: Sequence[float], op: str) -> list[float]:
     """All-reduce a few float64 numbers with ``op``; every rank gets the same list."""
     xp = comm.xp
     buf = xp.asarray(np.asarray(values, dtype=np.float64))
@@ -20,7 +22,7 @@ def reduce_scalars(comm: Any, values: Sequence[float], op: str) -> list[float]:
     return [float(v) for v in _host(buf)]
 
 
-def gather_scalars(comm: Any, values: Sequence[float]) -> np.ndarray:
+def gather_scalars(comm: CommunicatorLike, values: Sequence[float]) -> np.ndarray:
     """All-gather a few float64 numbers: row r of the (size, len(values)) result is rank r's."""
     xp = comm.xp
     buf = xp.asarray(np.asarray(values, dtype=np.float64))

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 from . import hooks
 from ._buckets import BucketSpec, _describe, assign_buckets
@@ -67,7 +67,7 @@ class BucketCapTuning:
 
 
 def tune_bucket_cap(
-    comm: Any,
+    comm: CommunicatorLike,
     params: Mapping[str, Any],
     caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
     *,
@@ -142,7 +142,7 @@ def _shape_dtype(value: Any) -> dict[str, Any]:
     return {"shape": shape, "dtype": dtype}
 
 
-def _array_module(comm: Any, params: Mapping[str, Any]) -> Any:
+def _array_module(comm: CommunicatorLike, params: Mapping[str, Any]) -> Any:
     """The module of the parameters where they are arrays, else the backend's."""
     first = next(iter(params.values()))
     if hasattr(first, "shape") and hasattr(first, "dtype"):
@@ -151,7 +151,7 @@ def _array_module(comm: Any, params: Mapping[str, Any]) -> Any:
 
 
 def _layout_buffers(
-    layouts: list[list[BucketSpec]], described: Mapping[str, Any], xp: Any, comm: Any
+    layouts: list[list[BucketSpec]], described: Mapping[str, Any], xp: Any, comm: CommunicatorLike
 ) -> list[list[Any]]:
     """Per layout, its buckets as views of one flat buffer per dtype (all layouts share
     them: every layout of a dtype covers the same parameters)."""
@@ -172,20 +172,20 @@ def _layout_buffers(
     return result
 
 
-def _on_device(xp: Any, comm: Any) -> Any:
+def _on_device(xp: Any, comm: CommunicatorLike) -> Any:
     """Where new arrays go: the communicator's GPU (CuPy), or nowhere in particular."""
     if xp is np or getattr(comm, "device", None) is None:
         return contextlib.nullcontext()
     return xp.cuda.Device(comm.device)
 
 
-def _reduce(comm: Any, buckets: list[Any]) -> None:
+def _reduce(comm: CommunicatorLike, buckets: list[Any]) -> None:
     works = [hooks.allreduce(comm, bucket) for bucket in buckets]
     for work in works:
         work.synchronize()
 
 
-def _timed(comm: Any, buckets: list[Any]) -> float:
+def _timed(comm: CommunicatorLike, buckets: list[Any]) -> float:
     comm.barrier()
     start = time.perf_counter()
     _reduce(comm, buckets)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 from ._scalars import reduce_scalars
 
@@ -50,7 +50,7 @@ def _local_max_abs(arrays: list[Any]) -> float:
 def clip_grad_norm(
     grads: Any,
     max_norm: float,
-    comm: Any = None,
+    comm: CommunicatorLike | None = None,
     *,
     replicated: Any = None,
     norm_type: float = 2.0,

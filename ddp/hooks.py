@@ -19,6 +19,7 @@ import numpy as np
 
 import collectives as col
 from collectives import (
+    CommunicatorLike,
     InvalidArgumentError,
     array_module,
     bfloat16_to_float32,
@@ -92,13 +93,13 @@ class HookWork:
             array_module(self._device_array).cuda.get_current_stream().synchronize()
 
 
-def _native_avg(comm: Any, dtype: np.dtype) -> bool:
+def _native_avg(comm: CommunicatorLike, dtype: np.dtype) -> bool:
     """NCCL averages natively (premultiplying, so half precision is safe); the MPI
     backend's AVG is a sum divided afterwards, which can overflow in half precision."""
     return comm.backend == "nccl" or np.dtype(dtype).itemsize > 2
 
 
-def allreduce(comm: Any, bucket: Any) -> Any:
+def allreduce(comm: CommunicatorLike, bucket: Any) -> Any:
     """The default hook: all-reduce the bucket to its mean.
 
     Example:
@@ -143,7 +144,7 @@ class _CompressingComm:
     precision's range (the MPI backend's avg would sum first and could overflow).
     """
 
-    def __init__(self, comm: Any, wire: _Wire):
+    def __init__(self, comm: CommunicatorLike, wire: _Wire):
         self._comm = comm
         self._wire = wire
 
@@ -177,7 +178,7 @@ class _CompressingComm:
 
 
 def _compress_wrapper(hook: Any, wire: _Wire) -> Callable[[Any, Any], Any]:
-    def compressed(comm: Any, bucket: Any) -> Any:
+    def compressed(comm: CommunicatorLike, bucket: Any) -> Any:
         return hook(_CompressingComm(comm, wire), bucket)
 
     inner = getattr(hook, "__name__", type(hook).__name__)
@@ -275,7 +276,7 @@ class PowerSGD:
                 out.append((name, n, m, r))
         return out
 
-    def __call__(self, comm: Any, bucket: Any) -> Any:
+    def __call__(self, comm: CommunicatorLike, bucket: Any) -> Any:
         step = self._iter.get(bucket.index, 0)
         self._iter[bucket.index] = step + 1
         matrices = self._matrices(bucket)
@@ -375,7 +376,7 @@ class Int8Quantize:
         q = xp.clip(xp.rint(chunks / safe[:, None]), -127, 127).astype(np.int8)
         return q, scales.astype(np.float32), (q * scales[:, None]).reshape(x.shape)
 
-    def __call__(self, comm: Any, bucket: Any) -> Any:
+    def __call__(self, comm: CommunicatorLike, bucket: Any) -> Any:
         xp = array_module(bucket.buffer)
         size, n = comm.size, bucket.numel
         block = size * self.chunk_size

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
-from collectives import InvalidArgumentError
+from collectives import CommunicatorLike, InvalidArgumentError
 
 from ._scalars import gather_scalars
 
@@ -85,7 +84,7 @@ class LoadBalancer:
 
     def __init__(
         self,
-        comm: Any,
+        comm: CommunicatorLike,
         global_batch: int,
         *,
         smoothing: float = 0.3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module, to_array
+from collectives import CommunicatorLike, InvalidArgumentError, array_module, to_array
 
 from ._buckets import assign_buckets, make_buckets
 from ._pack import _PointerTable, pack, unpack
@@ -38,7 +38,7 @@ class LocalSGD:
     def __init__(
         self,
         params: Any,
-        comm: Any,
+        comm: CommunicatorLike,
         period: int = 4,
         *,
         warmup_steps: int = 0,

@@ -31,7 +31,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from collectives import BFloat16Array, InvalidArgumentError, array_module
+from collectives import BFloat16Array, CommunicatorLike, InvalidArgumentError, array_module
 
 from ._scalars import reduce_scalars
 
@@ -84,7 +84,7 @@ class LossScaler:
 
     def __init__(
         self,
-        comm: Any = None,
+        comm: CommunicatorLike | None = None,
         *,
         init_scale: float = 2.0**16,
         growth_factor: float = 2.0,
@@ -95,7 +95,7 @@ class LossScaler:
         call = "LossScaler"
         self._check_config(call, init_scale, growth_factor, backoff_factor, growth_interval)
         if comm is None:
-            self.comms: list[Any] = []
+            self.comms: list[CommunicatorLike] = []
         elif isinstance(comm, Sequence):
             self.comms = list(comm)
         else:

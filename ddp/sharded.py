@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 __all__ = ["ShardedArray", "shard_ranges", "even_shard_size"]
 
@@ -52,7 +52,7 @@ def _normalize_axis(call: str, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def gather_along(x: Any, comm: Any, axis: int, lengths: list[int]) -> Any:
+def gather_along(x: Any, comm: CommunicatorLike, axis: int, lengths: list[int]) -> Any:
     """Concatenate every rank's ``x`` along ``axis``; rank r's block has ``lengths[r]`` items.
 
     Blocks of unequal length are padded to the longest for the all-gather (which needs one
@@ -92,7 +92,9 @@ class ShardedArray:
         assert (s.gather() == x).all()
     """
 
-    def __init__(self, local: Any, comm: Any, axis: int, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, local: Any, comm: CommunicatorLike, axis: int, shape: tuple[int, ...]
+    ) -> None:
         """Wrap ``local`` as this rank's block of a global array of ``shape``.
 
         Prefer :meth:`shard` or :meth:`from_local`, which check the pieces fit together.
@@ -112,7 +114,7 @@ class ShardedArray:
         self.local = local
 
     @classmethod
-    def shard(cls, x: Any, comm: Any, axis: int = 0) -> ShardedArray:
+    def shard(cls, x: Any, comm: CommunicatorLike, axis: int = 0) -> ShardedArray:
         """Keep this rank's block of ``x`` (the same full array on every rank), as a copy.
 
         Example: ``ShardedArray.shard(np.ones((5, 2)), comm, axis=0).local.shape == (3, 2)``
@@ -126,7 +128,7 @@ class ShardedArray:
         return cls(xp.ascontiguousarray(x[tuple(index)]).copy(), comm, axis, x.shape)
 
     @classmethod
-    def from_local(cls, local: Any, comm: Any, axis: int = 0) -> ShardedArray:
+    def from_local(cls, local: Any, comm: CommunicatorLike, axis: int = 0) -> ShardedArray:
         """Assemble a ShardedArray from every rank's block (one small all-gather of shapes).
 
         The blocks must have the lengths :func:`shard_ranges` gives and agree on every other

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from collectives import BFloat16Array, InvalidArgumentError, array_module
+from collectives import BFloat16Array, CommunicatorLike, InvalidArgumentError, array_module
 
 from ._precision import dtype_label, is_half, round_into, storage, to_float32
 from .optim import Optimizer
@@ -102,7 +102,7 @@ class ZeroOptimizer:
     def __init__(
         self,
         params: Mapping[str, Any],
-        comm: Any,
+        comm: CommunicatorLike,
         optimizer: Optimizer,
         *,
         stage: int = 2,

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from collectives import DTYPES, InvalidArgumentError, array_module
+from collectives import DTYPES, CommunicatorLike, InvalidArgumentError, array_module
 
 from ._action import Action, B, F, W, grid
 from ._plan import Group, Message, Op, PlanError, plan
@@ -24,7 +24,7 @@ HEADER = 3 + MAX_NDIM  # dtype code, array module (0 NumPy, 1 CuPy), ndim, dims
 
 def run(
     schedule: Schedule,
-    comm: Any,
+    comm: CommunicatorLike,
     stages: Sequence[Stage],
     *,
     inputs: Optional[Sequence[Any]] = None,
@@ -262,7 +262,7 @@ def _decode(header: Any) -> tuple:
     return (module, DTYPES[code], tuple(values[3 : 3 + ndim]))
 
 
-def _header_module(comm: Any) -> Any:
+def _header_module(comm: CommunicatorLike) -> Any:
     """NCCL moves device memory only; the MPI backend takes host arrays."""
     return comm.xp
 
@@ -292,7 +292,7 @@ class _Pool:
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _pool(comm: Any) -> _Pool:
+def _pool(comm: CommunicatorLike) -> _Pool:
     try:
         return _POOLS.setdefault(comm, _Pool())
     except TypeError:  # a communicator that takes no weak references: a pool per call

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
-from collectives import InvalidArgumentError
+from collectives import CommunicatorLike, InvalidArgumentError
 
 
-def tied_group(comm: Any, ranks: Optional[Sequence[int]] = None) -> Optional[Any]:
+def tied_group(
+    comm: CommunicatorLike, ranks: Optional[Sequence[int]] = None
+) -> Optional[CommunicatorLike]:
     """The communicator of the pipeline ranks that hold a tied weight; None on the others.
 
     Collective over ``comm`` (every rank calls it once, then keeps the result).
@@ -26,7 +28,7 @@ def tied_group(comm: Any, ranks: Optional[Sequence[int]] = None) -> Optional[Any
     return comm.split(0 if comm.rank in members else None)
 
 
-def reduce_tied(group: Optional[Any], grads: Iterable[Any]) -> None:
+def reduce_tied(group: Optional[CommunicatorLike], grads: Iterable[Any]) -> None:
     """Sum each gradient in place over ``group`` (from :func:`tied_group`); None: nothing.
 
     Each holder of a tied weight computed the gradient of its own use of it; the weight's

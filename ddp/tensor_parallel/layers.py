@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
 from ._state import MicrobatchState, add_grad, zero
@@ -96,7 +96,7 @@ class ColumnParallelLinear:
         self,
         weight: Any,
         bias: Any,
-        comm: Any,
+        comm: CommunicatorLike,
         *,
         gather_output: bool = False,
         sequence_parallel: bool = False,
@@ -180,7 +180,7 @@ class RowParallelLinear:
         self,
         weight: Any,
         bias: Any,
-        comm: Any,
+        comm: CommunicatorLike,
         *,
         input_is_parallel: bool = True,
         sequence_parallel: bool = False,

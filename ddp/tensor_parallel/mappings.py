@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 from ..sharded import gather_along, shard_ranges
 
@@ -39,7 +39,9 @@ __all__ = [
 ]
 
 
-def _ranges(call: str, length: int, comm: Any, pad: bool, axis: int) -> list[tuple[int, int]]:
+def _ranges(
+    call: str, length: int, comm: CommunicatorLike, pad: bool, axis: int
+) -> list[tuple[int, int]]:
     if not pad and length % comm.size:
         raise InvalidArgumentError(
             f"{call}: axis {axis} has length {length}, expected a multiple of the group size "
@@ -48,14 +50,14 @@ def _ranges(call: str, length: int, comm: Any, pad: bool, axis: int) -> list[tup
     return shard_ranges(length, comm.size)
 
 
-def _all_reduce(x: Any, comm: Any) -> Any:
+def _all_reduce(x: Any, comm: CommunicatorLike) -> Any:
     xp = array_module(x)
     out = xp.empty_like(x)
     comm.all_reduce(xp.ascontiguousarray(x), op="sum", out=out)
     return out
 
 
-def _split(call: str, x: Any, comm: Any, axis: int, pad: bool) -> Any:
+def _split(call: str, x: Any, comm: CommunicatorLike, axis: int, pad: bool) -> Any:
     xp = array_module(x)
     axis %= x.ndim
     start, stop = _ranges(call, x.shape[axis], comm, pad, axis)[comm.rank]
@@ -64,7 +66,7 @@ def _split(call: str, x: Any, comm: Any, axis: int, pad: bool) -> Any:
     return xp.ascontiguousarray(x[tuple(index)])
 
 
-def _gather(call: str, x: Any, comm: Any, axis: int, pad: bool) -> Any:
+def _gather(call: str, x: Any, comm: CommunicatorLike, axis: int, pad: bool) -> Any:
     axis %= x.ndim
     if not pad:
         return gather_along(x, comm, axis, [x.shape[axis]] * comm.size)
@@ -82,7 +84,7 @@ def _gather(call: str, x: Any, comm: Any, axis: int, pad: bool) -> Any:
     return gather_along(x, comm, axis, lengths)
 
 
-def _reduce_scatter(call: str, x: Any, comm: Any, axis: int, pad: bool) -> Any:
+def _reduce_scatter(call: str, x: Any, comm: CommunicatorLike, axis: int, pad: bool) -> Any:
     xp = array_module(x)
     axis %= x.ndim
     ranges = _ranges(call, x.shape[axis], comm, pad, axis)
@@ -104,11 +106,11 @@ class copy_to_group:
     """forward: identity (replicated in, partial out); backward: all-reduce (sum) over the group."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return x
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _all_reduce(dy, comm)
 
 
@@ -116,11 +118,11 @@ class reduce_from_group:
     """forward: all-reduce (sum) over the group (partial in, replicated out); backward: identity."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _all_reduce(x, comm)
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return dy
 
 
@@ -128,11 +130,11 @@ class scatter_to_group:
     """forward: keep this rank's block of the last axis; backward: all-gather along the last axis."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _split("scatter_to_group.forward", x, comm, -1, pad)
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _gather("scatter_to_group.backward", dy, comm, -1, pad)
 
 
@@ -140,11 +142,11 @@ class gather_from_group:
     """forward: all-gather along the last axis; backward: keep this rank's block of the last axis."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _gather("gather_from_group.forward", x, comm, -1, pad)
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _split("gather_from_group.backward", dy, comm, -1, pad)
 
 
@@ -152,11 +154,11 @@ class scatter_to_sequence:
     """forward: keep this rank's block of the first axis; backward: all-gather along the first axis."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _split("scatter_to_sequence.forward", x, comm, 0, pad)
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _gather("scatter_to_sequence.backward", dy, comm, 0, pad)
 
 
@@ -164,11 +166,11 @@ class gather_from_sequence:
     """forward: all-gather along the first axis (partial out); backward: reduce-scatter along it."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _gather("gather_from_sequence.forward", x, comm, 0, pad)
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _reduce_scatter("gather_from_sequence.backward", dy, comm, 0, pad)
 
 
@@ -176,11 +178,11 @@ class reduce_scatter_to_sequence:
     """forward: reduce-scatter (sum) along the first axis; backward: all-gather along it."""
 
     @staticmethod
-    def forward(x: Any, comm: Any, *, pad: bool = False) -> Any:
+    def forward(x: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _reduce_scatter("reduce_scatter_to_sequence.forward", x, comm, 0, pad)
 
     @staticmethod
-    def backward(dy: Any, comm: Any, *, pad: bool = False) -> Any:
+    def backward(dy: Any, comm: CommunicatorLike, *, pad: bool = False) -> Any:
         return _gather("reduce_scatter_to_sequence.backward", dy, comm, 0, pad)
 
 

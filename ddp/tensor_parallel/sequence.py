@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 __all__ = ["allreduce_sequence_parallel_grads"]
 
 
-def allreduce_sequence_parallel_grads(grads: Sequence[Any], comm: Any) -> None:
+def allreduce_sequence_parallel_grads(grads: Sequence[Any], comm: CommunicatorLike) -> None:
     """Sum ``grads`` in place over ``comm`` with one all-reduce of their concatenation.
 
     ``grads`` must share one dtype and array module; a group of one does nothing.

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from collectives import InvalidArgumentError, array_module
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
 from ..sharded import even_shard_size
 from ._state import MicrobatchState, add_grad, zero
@@ -76,7 +76,9 @@ class VocabParallelEmbedding:
     until ``zero_grad()``; an unkeyed ``backward(dy)`` sets ``grad_weight``.
     """
 
-    def __init__(self, weight: Any, comm: Any, *, sequence_parallel: bool = False) -> None:
+    def __init__(
+        self, weight: Any, comm: CommunicatorLike, *, sequence_parallel: bool = False
+    ) -> None:
         call = "VocabParallelEmbedding"
         if weight.ndim != 2:
             raise InvalidArgumentError(
@@ -148,7 +150,7 @@ class VocabParallelCrossEntropy:
         dlogits = ce.backward(dloss, 3)
     """
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: CommunicatorLike) -> None:
         self.comm = comm
         self._state = MicrobatchState("VocabParallelCrossEntropy")
 
@@ -192,7 +194,9 @@ class VocabParallelCrossEntropy:
         return grad * dloss[..., None]
 
 
-def vocab_parallel_cross_entropy(logits: Any, target: Any, comm: Any) -> tuple[Any, Any]:
+def vocab_parallel_cross_entropy(
+    logits: Any, target: Any, comm: CommunicatorLike
+) -> tuple[Any, Any]:
     """``(mean loss, dL/dlogits)`` over every position, for this rank's block of the vocabulary.
 
     The shape of a pipeline ``loss_fn``. Example::
