@@ -24,6 +24,9 @@ from ._case import Case
 from ._ours import Built
 
 BASELINES = ("mpi4py", "nccl", "torch", "cupyx")
+#: the baselines with a nonblocking form for ``--async`` (flat: ours, not a library)
+ASYNC_BASELINES = ("mpi4py", "flat")
+ASYNC_ONLY = "--async compares with --baseline mpi4py (its I-verbs) or flat only"
 _REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
 
@@ -32,15 +35,17 @@ def _ring(case: Case) -> tuple[int, int]:
 
 
 class Mpi4pyBaseline:
-    """mpi4py's upper-case buffer calls on NumPy arrays (no pickling), on a dup of the world."""
+    """mpi4py's upper-case buffer calls on NumPy arrays (no pickling), on a dup of the world;
+    ``async_op``: the nonblocking ones (``Iallreduce``...) and the request's ``Wait``."""
 
     name = "mpi4py"
 
-    def __init__(self, mpi_comm: Any):
+    def __init__(self, mpi_comm: Any, async_op: bool = False):
         from mpi4py import MPI
 
         self.MPI = MPI
         self.comm = mpi_comm.Dup()
+        self.async_op = async_op
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
         self._supported: dict[tuple[str, str | None], bool] = {}
 
@@ -64,14 +69,17 @@ class Mpi4pyBaseline:
         return self._supported[key]
 
     def build(self, case: Case) -> Built | None:
-        m, IN_PLACE = self.comm, self.MPI.IN_PLACE
-        s, r, b, root = case.send, case.recv, case.buf, case.root
-        mpi_op = self.ops.get(case.redop)
         reducing = case.op in _REDUCING
-        if reducing and mpi_op is None:
+        if reducing and self.ops.get(case.redop) is None:
             return None  # MPI has no average
         if not self._supports(case.dtype, case.redop if reducing else None):
             return None  # N/A in the table: this MPI has no such datatype or reduction
+        return self._build_async(case) if self.async_op else self._build(case)
+
+    def _build(self, case: Case) -> Built | None:
+        m, IN_PLACE = self.comm, self.MPI.IN_PLACE
+        s, r, b, root = case.send, case.recv, case.buf, case.root
+        mpi_op = self.ops.get(case.redop)
         if case.op == "all_reduce":
             f = m.Allreduce
             if case.inplace:
@@ -126,6 +134,67 @@ class Mpi4pyBaseline:
             nxt, prv = _ring(case)
             f = m.Sendrecv
             return (lambda: f(s, nxt, 0, r, prv, 0)), lambda: r
+        return None
+
+    def _build_async(self, case: Case) -> Built | None:
+        """As :meth:`_build`, each call the nonblocking one and its ``Wait`` (in a user's
+        loop, ``Iallreduce(...).Wait()``)."""
+        m, IN_PLACE = self.comm, self.MPI.IN_PLACE
+        s, r, b, root = case.send, case.recv, case.buf, case.root
+        mpi_op = self.ops.get(case.redop)
+        if case.op == "all_reduce":
+            f = m.Iallreduce
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, mpi_op).Wait()), lambda: b
+            return (lambda: f(s, r, mpi_op).Wait()), lambda: r
+        if case.op == "reduce":
+            f = m.Ireduce
+            if not case.is_root:
+                x = b if case.inplace else s
+                return (lambda: f(x, None, mpi_op, root).Wait()), lambda: None
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, mpi_op, root).Wait()), lambda: b
+            return (lambda: f(s, r, mpi_op, root).Wait()), lambda: r
+        if case.op == "broadcast":
+            f = m.Ibcast
+            return ((lambda: f(b, root).Wait()), lambda: b) if case.inplace else None
+        if case.op == "all_gather":
+            f = m.Iallgather
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b).Wait()), lambda: b
+            return (lambda: f(s, r).Wait()), lambda: r
+        if case.op == "reduce_scatter":
+            f = m.Ireduce_scatter_block
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, mpi_op).Wait()), lambda: b[0]
+            return (lambda: f(s, r, mpi_op).Wait()), lambda: r
+        if case.op == "all_to_all":
+            f = m.Ialltoall
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b).Wait()), lambda: b
+            return (lambda: f(s, r).Wait()), lambda: r
+        if case.op == "gather":
+            f = m.Igather
+            if not case.is_root:
+                x = b if case.inplace else s
+                return (lambda: f(x, None, root).Wait()), lambda: None
+            if case.inplace:
+                return (lambda: f(IN_PLACE, b, root).Wait()), lambda: b
+            return (lambda: f(s, r, root).Wait()), lambda: r
+        if case.op == "scatter":
+            f = m.Iscatter
+            if case.inplace and case.is_root:
+                own = b[case.rank]
+                return (lambda: f(b, IN_PLACE, root).Wait()), lambda: own
+            if case.inplace:
+                return (lambda: f(None, b, root).Wait()), lambda: b
+            return (lambda: f(s, r, root).Wait()), lambda: r
+        if case.op == "sendrecv":
+            if case.inplace:
+                return None
+            nxt, prv = _ring(case)
+            isend, irecv, waitall = m.Isend, m.Irecv, self.MPI.Request.Waitall
+            return (lambda: waitall([isend(s, nxt, 0), irecv(r, prv, 0)])), lambda: r
         return None
 
     def close(self) -> None:
@@ -416,10 +485,11 @@ def _rendezvous(one_node: bool) -> str:
     return f"{host}:{port}"
 
 
-def make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:
-    """The baseline ``name`` over the world of ``mpi_comm``, for arrays of module ``xp``."""
+def make_baseline(name: str, mpi_comm: Any, xp: Any, async_op: bool = False) -> Any:
+    """The baseline ``name`` over the world of ``mpi_comm``, for arrays of module ``xp``;
+    ``async_op``: its nonblocking calls (mpi4py only)."""
     try:
-        return _make_baseline(name, mpi_comm, xp)
+        return _make_baseline(name, mpi_comm, xp, async_op)
     except ImportError as exc:
         raise BackendUnavailableError(
             f"benchmark: --baseline {name} needs {exc.name or 'a module'}, which is not "
@@ -427,15 +497,17 @@ def make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:
         ) from exc
 
 
-def _make_baseline(name: str, mpi_comm: Any, xp: Any) -> Any:
+def _make_baseline(name: str, mpi_comm: Any, xp: Any, async_op: bool) -> Any:
     gpu = xp is not np
+    if async_op and name not in ASYNC_BASELINES:
+        raise InvalidArgumentError(f"benchmark: {ASYNC_ONLY}, got --baseline {name}")
     if name == "mpi4py":
         if gpu:
             raise InvalidArgumentError(
                 "benchmark: --baseline mpi4py runs on NumPy arrays, expected --backend mpi, "
                 "got the NCCL backend (CuPy arrays)"
             )
-        return Mpi4pyBaseline(mpi_comm)
+        return Mpi4pyBaseline(mpi_comm, async_op)
     if name in ("nccl", "cupyx"):
         if not gpu:
             raise InvalidArgumentError(

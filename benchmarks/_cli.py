@@ -24,7 +24,7 @@ import numpy as np
 
 from collectives import InvalidArgumentError
 
-from ._baselines import BASELINES
+from ._baselines import ASYNC_BASELINES, ASYNC_ONLY, BASELINES
 from ._busbw import OPS, REDUCING, ROOTED
 from ._data import NCCL_TYPES, REDOPS, storage_dtype, type_name
 from ._sizes import DEFAULT_STEP, c_integer, parse_size, size_sweep
@@ -158,7 +158,10 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
     a("--stat", default="median", choices=("median", "min"), help="over rounds")
     a("--plot", default=None, metavar="PATH", help="draw busbw vs size (PNG)")
     if perf:
-        p.set_defaults(op=collective)
+        p.set_defaults(op=collective, async_op=False)
+    else:
+        a("--async", dest="async_op", action="store_true",
+          help="each call with async_op=True and wait() (mpi4py: its I-verbs and Wait)")  # fmt: skip
     return p
 
 
@@ -208,6 +211,12 @@ def _resolve(args: argparse.Namespace) -> None:
                              ("-S", args.report_timestamps, 1)):  # fmt: skip
         if not 0 <= value <= top:
             raise InvalidArgumentError(f"{flag} must be in 0..{top}, got {value}")
+    if args.async_op and args.baseline not in (None, *ASYNC_BASELINES):
+        raise InvalidArgumentError(f"{ASYNC_ONLY}, got --baseline {args.baseline}")
+    if args.async_op and args.op == "hypercube":
+        raise InvalidArgumentError(
+            "--async does not apply to hypercube: its steps are groups, which complete at their end"
+        )
     args.types = _types(args.dtype)
     redops = _redops(args.redop)  # read (and warned about) whatever the collective
     args.redops = redops if args.op is None or args.op in RUN_PER_REDOP else ["sum"]

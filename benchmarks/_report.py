@@ -76,6 +76,7 @@ def metadata(comm: Any, args: Any, argv: list[str]) -> dict[str, Any]:
         "stat": args.stat,
         "check": bool(args.check),
         "baseline": args.baseline,
+        "async": args.async_op,
     }
     if comm.backend == "nccl":
         meta["device"] = _device_name()

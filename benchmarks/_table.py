@@ -77,7 +77,8 @@ def preamble(
         f"# collectives benchmark, nccl-tests {NCCL_TESTS_VERSION} output; backend "
         f"{backend}{extra}"
         + (f", hierarchical over {nodes}" if nodes else "")
-        + (f" baseline: {args.baseline}" if args.baseline else ""),
+        + (f" baseline: {args.baseline}" if args.baseline else "")
+        + (" async: async_op=True and wait()" if args.async_op else ""),
         f"# Collective test starting: {program}",
         f"# nThread 1 nGpus 1 minBytes {args.minbytes} maxBytes {args.maxbytes} step: "
         f"{args.step} warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: "

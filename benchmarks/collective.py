@@ -5,6 +5,7 @@ Run it (the table goes to rank 0's stdout)::
     mpiexec -n 4 python -m benchmarks.collective --op all_reduce -b 8 -e 128M -f 2
     mpiexec -n 2 python -m benchmarks.collective -b 8 -e 16M -f 4 --baseline mpi4py \\
         --json out.json --plot out.png
+    mpiexec -n 2 python -m benchmarks.collective -b 8 -e 1K -f 2 --baseline mpi4py --async
 
 nccl-tests' programs (``python -m benchmarks.all_reduce_perf`` and the others) are this
 ``main`` with the collective fixed and nccl-tests' defaults; both parse ``_cli``'s command
@@ -15,7 +16,8 @@ timed between a barrier and a synchronisation of the device, and the per-call ti
 combined over ranks as ``-a`` says (the mean by default). With ``--baseline``, the raw library
 runs on the same buffers in the same process, its timed blocks interleaved with ours
 (``--rounds``, alternating which goes first), and each time reported is the median (or,
-with ``--stat min``, the best) of the rounds.
+with ``--stat min``, the best) of the rounds. With ``--async`` every call is made with
+``async_op=True`` and waited on at once (the mpi4py baseline: its I-verb and ``Wait``).
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def run(
     so far after each row (to save them as they come), ``on_devices`` the device lines."""
     check_roots(args, comm.size)
     xp = np if comm.backend == "mpi" else _cupy()
-    runners = [Ours(comm)] + ([baseline] if baseline is not None else [])
+    runners = [Ours(comm, args.async_op)] + ([baseline] if baseline is not None else [])
     mpi = comm.mpi_comm.Dup()  # our own barrier and reductions, apart from what is timed
     try:
         where = mpi.gather(_where(comm), root=0) or []
@@ -300,10 +302,10 @@ def main(argv: list[str] | None = None, collective: str | None = None) -> int:
             comm = col.hierarchical(world)
         xp = np if comm.backend == "mpi" else _cupy()
         if args.baseline == "flat":
-            baseline = Ours(world)
+            baseline = Ours(world, args.async_op)
             baseline.name = "flat"
         elif args.baseline:
-            baseline = make_baseline(args.baseline, comm.mpi_comm, xp)
+            baseline = make_baseline(args.baseline, comm.mpi_comm, xp, args.async_op)
         lead = comm.rank == 0
         meta = _report.metadata(comm, args, argv)
         nccl = _nccl_versions(comm.backend)

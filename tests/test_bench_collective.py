@@ -161,3 +161,42 @@ def test_missing_baseline_library_is_named():
     )  # fmt: skip
     assert proc.returncode != 0
     assert "BackendUnavailableError: benchmark: --baseline torch needs torch" in proc.stderr
+
+
+def test_every_op_async_against_mpi4py_i_verbs(tmp_path):
+    """``--async``: ours with ``async_op=True`` and ``wait()``, mpi4py with its I-verbs and
+    ``Wait``; every result of both checked, on 2 ranks."""
+    driver = DRIVER.replace(
+        '"--json"', '"--async", "--baseline", "mpi4py", "--rounds", "1", "--json"'
+    )
+    proc = _launch(2, ["-c", driver, str(tmp_path), "float32", "sum", *OPS], tmp_path)
+    assert proc.stdout.count("baseline: mpi4py async: async_op=True and wait()") == len(OPS)
+    for op in OPS:
+        report = _check_report(tmp_path / f"{op}.json", op, 2, "float32", [96, 384, 1536])
+        assert report["metadata"]["async"] is True and report["metadata"]["baseline"] == "mpi4py"
+        assert report["summary"]["baseline_wrong"] == 0
+        compared = [
+            (row["baseline"][p], row["ratio"][p])
+            for row in report["rows"]
+            for p in ("out_of_place", "in_place")
+            if row["baseline"][p] is not None
+        ]
+        # mpi4py has every op but an out-of-place broadcast and an in-place sendrecv
+        assert len(compared) == (3 if op in ("broadcast", "sendrecv") else 6), op
+        for base, ratio in compared:
+            assert base["wrong"] == 0 and base["time_us"] > 0 and ratio > 0
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [(["--async", "--baseline", "torch"],
+      "--async compares with --baseline mpi4py (its I-verbs) or flat only, got --baseline torch"),
+     (["--async", "--op", "hypercube"], "--async does not apply to hypercube")],
+)  # fmt: skip
+def test_async_with_a_baseline_or_op_it_has_no_form_for_is_a_usage_error(argv, message, capsys):
+    from benchmarks.collective import parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["-b", "8", "-e", "8", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert parse_args(["-b", "8", "-e", "8"]).async_op is False
