@@ -1,0 +1,149 @@
+"""The on-disk format: safetensors data files and one JSON index, written last.
+
+A checkpoint is a directory ``step-00000012/`` holding ``rank-00003.safetensors`` (the
+blocks rank 3 wrote; a rank with nothing to write writes no file) and ``index.json``::
+
+    {"format": "collectives-checkpoint", "version": 1, "step": 12,
+     "files": {"rank-00003.safetensors": {"bytes": 4096, "crc32": 1234567}},
+     "tensors": {"h0.w_qkv": {"dtype": "float64", "shape": [32, 96],
+                              "shards": [{"offsets": [0, 48], "shape": [32, 48],
+                                          "file": "rank-00003.safetensors",
+                                          "key": "h0.w_qkv@0,48"}]}},
+     "values": {"step": 12}}
+
+``crc32`` is zlib's CRC-32 of the whole file. Each shard is the tensor ``key`` of its file
+(a plain safetensors file: ``safetensors.numpy.load_file`` reads it), the block of the
+global tensor at ``offsets``. The shards of a tensor cover it exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collectives import CollectivesError, InvalidArgumentError
+
+FORMAT = "collectives-checkpoint"
+VERSION = 1
+INDEX = "index.json"
+CHUNK = 64 << 20  # bytes per write and per checksum pass: large enough to stream, small
+# enough that a multi-GiB tensor does not need one more copy of itself
+
+#: NumPy dtype name -> safetensors dtype code
+DTYPES = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "float64": "F64",
+    "int64": "I64",
+    "uint64": "U64",
+}
+
+
+class CheckpointError(CollectivesError):
+    """A checkpoint cannot be written or read: a failed write, a bad checksum, a state
+    that does not match the checkpoint, an index from a newer format version."""
+
+
+def dtype_code(dtype: Any, call: str, name: str) -> str:
+    """The safetensors code of ``dtype``, or a clear error naming the tensor."""
+    code = DTYPES.get(str(np.dtype(dtype)) if str(dtype) != "bfloat16" else "bfloat16")
+    if code is None:
+        raise InvalidArgumentError(
+            f"{call}: {name!r} has dtype {dtype}, expected one of {sorted(DTYPES)}"
+        )
+    return code
+
+
+def shard_key(name: str, offsets: tuple[int, ...]) -> str:
+    """The tensor name of a block inside its file: ``name@o0,o1``."""
+    return f"{name}@{','.join(str(o) for o in offsets)}"
+
+
+def write_safetensors(
+    path: Path, tensors: list[tuple[str, np.ndarray]], metadata: dict[str, str]
+) -> tuple[int, int]:
+    """Write a safetensors file, streaming, flushed and fsynced; return ``(bytes, crc32)``."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    position = 0
+    for key, array in tensors:
+        header[key] = {
+            "dtype": dtype_code(array.dtype, "save", key),
+            "shape": list(array.shape),
+            "data_offsets": [position, position + array.nbytes],
+        }
+        position += array.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes with spaces
+    head = struct.pack("<Q", len(text)) + text
+    crc = zlib.crc32(head)
+    with open(path, "wb") as f:
+        f.write(head)
+        for _, array in tensors:
+            data = memoryview(np.ascontiguousarray(array)).cast("B")
+            for lo in range(0, len(data), CHUNK):
+                piece = data[lo : lo + CHUNK]
+                crc = zlib.crc32(piece, crc)
+                f.write(piece)
+        f.flush()
+        os.fsync(f.fileno())
+    return len(head) + position, crc
+
+
+def file_crc32(path: Path) -> int:
+    """zlib's CRC-32 of a whole file, read in chunks."""
+    crc = 0
+    with open(path, "rb") as f:
+        while True:
+            piece = f.read(CHUNK)
+            if not piece:
+                return crc
+            crc = zlib.crc32(piece, crc)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_index(path: Path, index: dict[str, Any]) -> None:
+    with open(path / INDEX, "w") as f:
+        json.dump(index, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """The index of checkpoint ``path``, checked for format and version."""
+    file = Path(path) / INDEX
+    try:
+        index = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"load: {path} is not a complete checkpoint (no {INDEX})") from None
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"load: cannot read {file}: {error}") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise CheckpointError(f"load: {file} is not a {FORMAT} index")
+    if not isinstance(index.get("version"), int) or index["version"] > VERSION:
+        raise CheckpointError(
+            f"load: {file} has format version {index.get('version')}, newer than this "
+            f"library reads ({VERSION}): upgrade the library"
+        )
+    return index
