@@ -236,3 +236,43 @@ class ZeroOptimizer:
         self.optimizer.update(self._param_shard, self._grad_shard, self.state)
         if self._flat_params is not None:
             self._all_gather_params()
+
+    # -- checkpoint state (ddp.checkpoint): parameters and optimizer state by global name
+
+    def state_dict(self, placements: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``{"params": {name: ...}, "optim": {"step": n, "exp_avg": {name: [Shard, ...]}}}``.
+
+        The optimizer state (and in stage 3 the parameters) come from this rank's flat shard,
+        mapped back to blocks of each parameter; ``placements`` (name -> ``(global_shape,
+        offsets)``) places parameters that are tensor-parallel blocks. The names match
+        those of ``DistributedDataParallel`` plus :class:`ddp.checkpoint.OptimizerState`,
+        so a checkpoint moves between ZeRO stages, plain DDP and any data-parallel size.
+        Example: ``checkpoint.save("ckpt", {"model": zero}, comm, step=3)``.
+        """
+        from .checkpoint._shard import flat_space_shards, placed
+
+        layout = self.layout
+        lo, _ = self.shard_range
+        params: dict[str, Any]
+        if self.stage == 3:
+            params = flat_space_shards(
+                self._param_shard, lo, layout.offsets, layout.shapes, placements
+            )
+        else:
+            params = {n: placed(p, n, placements) for n, p in self.params.items()}
+        optim: dict[str, Any] = {}
+        for key, value in self.state.items():
+            if hasattr(value, "shape") and tuple(value.shape) == tuple(self._param_shard.shape):
+                optim[key] = flat_space_shards(value, lo, layout.offsets, layout.shapes, placements)
+            else:
+                optim[key] = value
+        return {"params": params, "optim": optim}
+
+    def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
+        """After :func:`ddp.checkpoint.load` filled the arrays: take the step, refresh the shard."""
+        for key, value in loaded["optim"].items():
+            if not isinstance(value, Mapping):
+                self.state[key] = value
+        if self.stage != 3:
+            lo, hi = self.shard_range
+            self._param_shard[...] = self._flat_params[lo:hi]

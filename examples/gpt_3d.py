@@ -32,7 +32,7 @@ import numpy as np
 
 import collectives as col
 import pipeline
-from ddp import AdamW, DistributedDataParallel, ZeroOptimizer
+from ddp import AdamW, DistributedDataParallel, ZeroOptimizer, checkpoint
 from ddp.tensor_parallel import (
     allreduce_sequence_parallel_grads,
     copy_to_group,
@@ -70,6 +70,9 @@ class Config:
     hidden: int = 32
     vocab: Optional[int] = None
     lr: float = 3e-3
+    save: Optional[str] = None  # directory of checkpoints, written every --save-every steps
+    save_every: int = 0
+    resume: Optional[str] = None  # a checkpoint, or a directory: its newest complete one
 
 
 # -------------------------------------------------------------------- data
@@ -441,8 +444,35 @@ def check(cfg: Config, size: int, vocab: int) -> None:
         )
     if cfg.zero not in (0, 1, 2):
         problems.append(f"--zero {cfg.zero}, expected 0, 1 or 2")
+    if cfg.save_every < 0 or (cfg.save_every > 0) != (cfg.save is not None):
+        problems.append("--save DIR and --save-every K > 0 go together")
     if problems:
         raise col.InvalidArgumentError("gpt_3d: " + "; ".join(problems))
+
+
+def placements(names: list[str], full: dict[str, np.ndarray], tp: int, rank: int) -> dict:
+    """Where this tp rank's block of each split parameter sits: name -> (global shape, offsets)."""
+    out = {}
+    for name in names:
+        axis = SPLIT.get(name.split(".")[-1])
+        if axis is not None:
+            offsets = [0] * full[name].ndim
+            offsets[axis] = rank * (full[name].shape[axis] // tp)
+            out[name] = (full[name].shape, tuple(offsets))
+    return out
+
+
+def training_state(trainer: Any, optimizer: Any, states: dict, params: dict, where: dict) -> dict:
+    """The checkpointed state by global name: the same names under ZeRO and under DDP
+    (``model.params.*``, ``model.optim.*``), whatever the mesh."""
+    if isinstance(trainer, ZeroOptimizer):
+        return {"model": checkpoint.Placed(trainer, where)}
+    return {
+        "model": {
+            "params": checkpoint.Placed(trainer, where),
+            "optim": checkpoint.OptimizerState(optimizer, params, states, where),
+        }
+    }
 
 
 def train(
@@ -475,13 +505,18 @@ def train(
         names += ["lnf_g", "lnf_b"] + ([] if "wte" in names else ["wte"])
     params = {n: xp.asarray(shard(n, full[n], tp.size, tp.rank)) for n in names}
     optimizer = AdamW(lr=cfg.lr, weight_decay=0.01)
+    states: dict = {}
     if cfg.zero:
         zero = ZeroOptimizer(params, dp, optimizer, stage=cfg.zero, broadcast_from=None)
         model.params, model.grads = zero.params, zero.grads
     else:
         ddp = DistributedDataParallel(params, dp, broadcast_from=None)
         model.params, model.grads = params, {n: xp.zeros_like(p) for n, p in params.items()}
-        states: dict = {}
+    where = placements(names, full, tp.size, tp.rank)
+    state = training_state(zero if cfg.zero else ddp, optimizer, states, params, where)
+    start = 0
+    if cfg.resume is not None:
+        start = int(checkpoint.load(cfg.resume, {**state, "step": 0}, comm)["step"])
     chunks = [model.stage(s, stages, schedule.splits_backward) for s in mine]
     # the tied embedding lives on the first stage (rank 0) and on the last
     tied = pipeline.tied_group(pp, (0, (stages - 1) % pp.size))
@@ -489,7 +524,7 @@ def train(
     rows = cfg.global_batch // (dp.size * m)
 
     losses = []
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         batch = global_batch(tokens, step, cfg)
         batch = batch[dp.rank * rows * m : (dp.rank + 1) * rows * m]
         windows = [xp.asarray(batch[i * rows : (i + 1) * rows].T.copy()) for i in range(m)]
@@ -524,6 +559,9 @@ def train(
         losses.append(float(total[0]))
         if report is not None:
             report(step, losses[-1])
+        if cfg.save is not None and (step + 1) % cfg.save_every == 0:
+            # the step to resume from is the data position too: batches depend on it alone
+            checkpoint.save(cfg.save, {**state, "step": step + 1}, comm, step=step + 1, keep=2)
     if tied is not None:
         tied.close()
     mesh.close()
@@ -539,6 +577,8 @@ def parse(argv: Optional[list[str]] = None) -> tuple[Config, str]:
             parser.add_argument(flag, action="store_true")
         elif field == "vocab":
             parser.add_argument(flag, type=int, default=None)
+        elif field in ("save", "resume"):
+            parser.add_argument(flag, default=None, metavar="DIR")
         else:
             choices = {"schedule": SCHEDULES, "dtype": ("float32", "float64"), "zero": (0, 1, 2)}
             parser.add_argument(flag, type=type(value), default=value, choices=choices.get(field))

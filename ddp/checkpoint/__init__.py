@@ -22,16 +22,20 @@ from __future__ import annotations
 
 from ._format import VERSION, CheckpointError
 from ._load import load, resolve
+from ._objects import OptimizerState, Placed
 from ._save import SaveHandle, assign_writers, latest, save
-from ._shard import Shard, flat_range_blocks, flatten_state
+from ._shard import Shard, flat_range_blocks, flat_space_shards, flatten_state
 
 __all__ = [
     "VERSION",
     "CheckpointError",
+    "OptimizerState",
+    "Placed",
     "SaveHandle",
     "Shard",
     "assign_writers",
     "flat_range_blocks",
+    "flat_space_shards",
     "flatten_state",
     "latest",
     "load",

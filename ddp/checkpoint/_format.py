@@ -93,7 +93,7 @@ def write_safetensors(
     with open(path, "wb") as f:
         f.write(head)
         for _, array in tensors:
-            data = memoryview(np.ascontiguousarray(array)).cast("B")
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
             for lo in range(0, len(data), CHUNK):
                 piece = data[lo : lo + CHUNK]
                 crc = zlib.crc32(piece, crc)

@@ -122,7 +122,7 @@ def load(
     found["names"] = sorted(flat.tensors) + sorted(flat.values)
     every = exchange(comm, found)
     problems = []
-    for rank, report in enumerate(every):
+    for report in every:
         problems += [p for p in report["problems"] if p not in problems]
     if index:
         asked = set().union(*(set(report["names"]) for report in every))
@@ -150,7 +150,9 @@ def _read(checkpoint: Path, index: dict[str, Any], flat: Any) -> None:
                 xp = array_module(shard.local)
                 filled = 0
                 for saved in index["tensors"][name]["shards"]:
-                    overlap = intersect(shard.offsets, shard.shape, saved["offsets"], saved["shape"])
+                    overlap = intersect(
+                        shard.offsets, shard.shape, saved["offsets"], saved["shape"]
+                    )
                     if overlap is None:
                         continue
                     into_mine, into_saved = overlap

@@ -28,7 +28,7 @@ from ._format import (
 )
 from ._shard import Flat, flatten_state
 
-__all__ = ["save", "SaveHandle", "latest", "assign_writers"]
+__all__ = ["save", "SaveHandle", "latest", "assign_writers", "tensor_table"]
 
 _PENDING: list[SaveHandle] = []  # async saves not yet committed, completed by the next save
 
@@ -43,57 +43,70 @@ def latest(directory: str | Path) -> Optional[Path]:
     return found[-1][1] if found else None
 
 
-def assign_writers(metas: list[dict[str, Any]]) -> dict[tuple[str, tuple, tuple], int]:
-    """Which rank writes each distinct block: ``(name, offsets, shape) -> rank``.
+def assign_writers(table: dict[str, dict[str, Any]]) -> dict[tuple[str, tuple, tuple], int]:
+    """Which rank writes each block of ``table`` (from :func:`tensor_table`).
 
-    ``metas[r]["tensors"][name]["blocks"]`` lists rank r's ``[offsets, shape]``. A block held
-    by several ranks (replicated over data parallel) goes to the holder with the fewest bytes
-    so far, the largest blocks first, so the writing is spread over the replicas. Example:
-    two ranks each holding the same two tensors of 8 and 4 bytes write one each.
+    A block held by several ranks (replicated over data parallel) goes to the holder with the
+    fewest bytes so far, the largest blocks first, so the writing is spread over the
+    replicas. Example: two ranks each holding the same two tensors of 8 and 4 bytes write
+    one each.
     """
-    holders: dict[tuple[str, tuple, tuple], list[int]] = {}
-    sizes: dict[tuple[str, tuple, tuple], int] = {}
-    for rank, meta in enumerate(metas):
-        for name, info in meta["tensors"].items():
-            itemsize = int(info["itemsize"])
-            for offsets, shape in info["blocks"]:
-                key = (name, tuple(offsets), tuple(shape))
-                holders.setdefault(key, []).append(rank)
-                sizes[key] = math.prod(shape) * itemsize
-    load = [0] * len(metas)
+    sizes, holders = {}, {}
+    for name, entry in table.items():
+        for (offsets, shape), ranks in entry["blocks"].items():
+            sizes[(name, offsets, shape)] = math.prod(shape) * entry["itemsize"]
+            holders[(name, offsets, shape)] = ranks
+    load: dict[int, int] = {}
     writers = {}
-    for key in sorted(holders, key=lambda k: (-sizes[k], k[0], k[1])):
-        rank = min(holders[key], key=lambda r: (load[r], r))
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k[0], k[1])):
+        rank = min(holders[key], key=lambda r: (load.get(r, 0), r))
         writers[key] = rank
-        load[rank] += sizes[key]
+        load[rank] = load.get(rank, 0) + sizes[key]
     return writers
 
 
-def _tensor_table(metas: list[dict[str, Any]], call: str) -> dict[str, dict[str, Any]]:
-    """Every tensor's dtype, global shape and distinct blocks, checked to tile it exactly."""
+def _overlap(a: tuple, b: tuple) -> bool:
+    (ao, ash), (bo, bsh) = a, b
+    return all(max(x, y) < min(x + n, y + m) for x, n, y, m in zip(ao, ash, bo, bsh))
+
+
+def tensor_table(metas: list[dict[str, Any]], call: str) -> dict[str, dict[str, Any]]:
+    """Every tensor's dtype, global shape and blocks (each with the ranks that hold it).
+
+    ``metas[r]["tensors"][name]`` is rank r's ``{"dtype", "itemsize", "shape", "blocks":
+    [[offsets, shape], ...]}``. Ranks are taken in order; a block that partly overlaps one
+    already taken is the same data cut another way (a tied weight under ZeRO on two
+    pipeline stages) and is skipped. The blocks taken must cover the tensor exactly.
+    Example: ranks 0 and 1 each holding ``w`` whole give one block held by ``[0, 1]``.
+    """
     table: dict[str, dict[str, Any]] = {}
     for rank, meta in enumerate(metas):
         for name, info in meta["tensors"].items():
             entry = table.setdefault(
-                name, {"dtype": info["dtype"], "shape": info["shape"], "blocks": set()}
+                name,
+                {
+                    "dtype": info["dtype"],
+                    "itemsize": int(info["itemsize"]),
+                    "shape": info["shape"],
+                    "blocks": {},
+                },
             )
             if entry["dtype"] != info["dtype"] or entry["shape"] != info["shape"]:
                 raise InvalidArgumentError(
                     f"{call}: ranks disagree on {name!r}: dtype {entry['dtype']}, shape "
-                    f"{entry['shape']} elsewhere, dtype {info['dtype']}, shape {info['shape']} "
-                    f"on rank {rank}"
+                    f"{entry['shape']} on a lower rank, dtype {info['dtype']}, shape "
+                    f"{info['shape']} on rank {rank}"
                 )
-            entry["blocks"].update((tuple(o), tuple(s)) for o, s in info["blocks"])
+            blocks = entry["blocks"]
+            for offsets, shape in info["blocks"]:
+                block = (tuple(offsets), tuple(shape))
+                if block in blocks:
+                    if rank not in blocks[block]:
+                        blocks[block].append(rank)
+                elif not any(_overlap(block, taken) for taken in blocks):
+                    blocks[block] = [rank]
     for name, entry in table.items():
-        blocks = sorted(entry["blocks"])
-        for i, (ao, ash) in enumerate(blocks):
-            for bo, bsh in blocks[i + 1 :]:
-                if all(max(a, b) < min(a + n, b + m) for a, n, b, m in zip(ao, ash, bo, bsh)):
-                    raise InvalidArgumentError(
-                        f"{call}: blocks of {name!r} overlap without being equal: "
-                        f"offsets {list(ao)} shape {list(ash)} and offsets {list(bo)} shape {list(bsh)}"
-                    )
-        covered = sum(math.prod(s) for _, s in blocks)
+        covered = sum(math.prod(s) for _, s in entry["blocks"])
         if covered != math.prod(entry["shape"]):
             raise InvalidArgumentError(
                 f"{call}: the blocks of {name!r} cover {covered} of its "
@@ -290,21 +303,20 @@ def save(
                 shutil.rmtree(entry, ignore_errors=True)
         temp.mkdir()
     metas = exchange(comm, _local_meta(flat))  # also: the directory exists from here on
-    table = _tensor_table(metas, call)
-    writers = assign_writers(metas)
+    table = tensor_table(metas, call)
+    writers = assign_writers(table)
     values: dict[str, Any] = {}
     for meta in metas:  # a JSON value from the lowest rank that gives it
         for name, value in meta["values"].items():
             values.setdefault(name, value)
-    mine = []
+    mine, taken = [], set()
     for name, shards in flat.tensors.items():
         for shard in shards:
-            if writers[(name, shard.offsets, shard.shape)] == rank:
+            key = (name, shard.offsets, shard.shape)
+            if writers.get(key) == rank and key not in taken:
+                taken.add(key)
                 array = to_host(shard.local, copy=async_op)
                 mine.append((shard_key(name, shard.offsets), np.ascontiguousarray(array)))
-                writers[(name, shard.offsets, shard.shape)] = -1 - rank  # written once here
-    for key, rank_or_done in writers.items():
-        writers[key] = -1 - rank_or_done if rank_or_done < 0 else rank_or_done
     plan = {"tensors": mine, "table": table, "writers": writers, "values": values}
     handle = SaveHandle(comm, temp, step_dir(directory, int(step)), int(step), keep, plan)
     handle._start(background=async_op)

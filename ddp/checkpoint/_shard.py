@@ -87,7 +87,9 @@ def flat_range_blocks(
         whole_from = first + 1
     whole_to = stop // row
     if whole_to > whole_from:
-        blocks.append(((whole_from,) + (0,) * (len(shape) - 1), (whole_to - whole_from, *shape[1:])))
+        blocks.append(
+            ((whole_from,) + (0,) * (len(shape) - 1), (whole_to - whole_from, *shape[1:]))
+        )
     if stop % row:
         inner = flat_range_blocks(shape[1:], 0, stop % row)
         blocks += [((whole_to, *o), (1, *s)) for o, s in inner]
@@ -175,7 +177,10 @@ def _add_tensor(flat: Flat, name: str, shards: list[Shard], call: str) -> None:
 
 
 def intersect(
-    a_offsets: Sequence[int], a_shape: Sequence[int], b_offsets: Sequence[int], b_shape: Sequence[int]
+    a_offsets: Sequence[int],
+    a_shape: Sequence[int],
+    b_offsets: Sequence[int],
+    b_shape: Sequence[int],
 ) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
     """Where block a and block b overlap, as slices into a and into b (None: they do not).
 
@@ -189,3 +194,58 @@ def intersect(
         into_a.append(slice(lo - ao, hi - ao))
         into_b.append(slice(lo - bo, hi - bo))
     return tuple(into_a), tuple(into_b)
+
+
+Placement = tuple[tuple[int, ...], tuple[int, ...]]  # (global_shape, offsets) of a local array
+
+
+def placed(local: Any, name: str, placements: Mapping[str, Placement] | None) -> Any:
+    """``local`` as a Shard of its global tensor when ``placements`` names it, else itself.
+
+    Example: ``placed(w, "w_qkv", {"w_qkv": ((8, 24), (0, 12))})`` is a Shard at column 12.
+    """
+    if placements is None or name not in placements:
+        return local
+    global_shape, offsets = placements[name]
+    return Shard(local, global_shape, offsets)
+
+
+def flat_space_shards(
+    flat: Any,
+    start: int,
+    layout: Mapping[str, tuple[int, int]],
+    shapes: Mapping[str, tuple[int, ...]],
+    placements: Mapping[str, Placement] | None = None,
+) -> dict[str, list[Shard]]:
+    """The blocks of each named array that ``flat`` holds, ``flat`` being the range
+    ``[start, start + len(flat))`` of a flat space where ``name`` sits at ``layout[name]``.
+
+    Each block is a view into ``flat`` (so a load fills ``flat`` in place), placed in its
+    global tensor by ``placements`` (tensor parallel: this rank's array is itself a block).
+    Example: a ZeRO shard ``[4, 10)`` over ``w`` at ``(0, 6)`` (shape ``(2, 3)``) and ``b`` at
+    ``(6, 9)`` gives ``w``'s elements 4..5 and all of ``b``.
+    """
+    stop = start + int(flat.shape[0])
+    out: dict[str, list[Shard]] = {}
+    for name, (a, b) in layout.items():
+        lo, hi = max(a, start), min(b, stop)
+        if lo >= hi:
+            continue
+        shape = tuple(shapes[name])
+        global_shape, base = shape, (0,) * len(shape)
+        if placements is not None and name in placements:
+            global_shape, base = placements[name]
+        shards = []
+        for offsets, block in flat_range_blocks(shape, lo - a, hi - a):
+            first = a + (int(_ravel(offsets, shape)) if shape else 0) - start
+            view = flat[first : first + math.prod(block)].reshape(block)
+            shards.append(Shard(view, global_shape, tuple(o + p for o, p in zip(offsets, base))))
+        out[name] = shards
+    return out
+
+
+def _ravel(offsets: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    index = 0
+    for o, n in zip(offsets, shape):
+        index = index * n + o
+    return index
