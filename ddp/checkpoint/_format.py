@@ -22,6 +22,7 @@ import json
 import os
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +90,27 @@ def write_safetensors(
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes with spaces
     head = struct.pack("<Q", len(text)) + text
-    crc = zlib.crc32(head)
-    with open(path, "wb") as f:
+    running = [zlib.crc32(head)]
+
+    def checksum(piece: Any) -> None:  # in order, on one worker thread
+        running[0] = zlib.crc32(piece, running[0])
+
+    # The CRC of each chunk runs on a worker thread while the chunk is written (zlib and
+    # the write both let go of the GIL), so the checksum costs little beside the write.
+    with open(path, "wb") as f, ThreadPoolExecutor(1) as worker:
         f.write(head)
+        pending = []
         for _, array in tensors:
             data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
             for lo in range(0, len(data), CHUNK):
                 piece = data[lo : lo + CHUNK]
-                crc = zlib.crc32(piece, crc)
+                pending.append(worker.submit(checksum, piece))
                 f.write(piece)
+        for done in pending:
+            done.result()
         f.flush()
         os.fsync(f.fileno())
+    crc = running[0]
     return len(head) + position, crc
 
 
@@ -147,3 +158,34 @@ def read_index(path: Path) -> dict[str, Any]:
             f"library reads ({VERSION}): upgrade the library"
         )
     return index
+
+
+class SafetensorsReader:
+    """The tensors of a safetensors file as read-only views of a memory map: a slice of one
+    reads only the pages it covers, straight into the array it is assigned to."""
+
+    def __init__(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            self.header = json.loads(f.read(length))
+        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + length)
+        self.path = path
+
+    def get(self, key: str, dtype: str, shape: list[int]) -> np.ndarray:
+        """Tensor ``key``, checked to have ``dtype`` and ``shape``."""
+        entry = self.header.get(key)
+        if entry is None or entry["shape"] != list(shape) or entry["dtype"] != DTYPES.get(dtype):
+            raise CheckpointError(
+                f"load: {self.path} holds {key!r} as {entry and (entry['dtype'], entry['shape'])}"
+                f", the index says {dtype} {list(shape)}"
+            )
+        begin, end = entry["data_offsets"]
+        return self.data[begin:end].view(_numpy_dtype(dtype)).reshape(shape)
+
+
+def _numpy_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)

@@ -8,12 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-
-from collectives import InvalidArgumentError, array_module
+from collectives import array_module
 
 from ._common import exchange, world
-from ._format import CheckpointError, file_crc32, read_index
+from ._format import CheckpointError, SafetensorsReader, file_crc32, read_index
 from ._save import latest
 from ._shard import flatten_state, intersect
 
@@ -143,36 +141,24 @@ def load(
 
 
 def _read(checkpoint: Path, index: dict[str, Any], flat: Any) -> None:
-    handles: dict[str, Any] = {}
-    try:
-        for name, shards in flat.tensors.items():
-            for shard in shards:
-                xp = array_module(shard.local)
-                filled = 0
-                for saved in index["tensors"][name]["shards"]:
-                    overlap = intersect(
-                        shard.offsets, shard.shape, saved["offsets"], saved["shape"]
-                    )
-                    if overlap is None:
-                        continue
-                    into_mine, into_saved = overlap
-                    if saved["file"] not in handles:
-                        handles[saved["file"]] = safe_open(
-                            str(checkpoint / saved["file"]), framework="numpy"
-                        )
-                    opened = handles[saved["file"]]
-                    if into_saved:
-                        block = opened.get_slice(saved["key"])[into_saved]
-                    else:  # a 0-d tensor
-                        block = opened.get_tensor(saved["key"])
-                    shape = tuple(s.stop - s.start for s in into_mine)
-                    # safetensors gives a 0-d tensor back with shape (1,)
-                    shard.local[into_mine] = xp.asarray(block).reshape(shape)
-                    filled += math.prod(shape)
-                if filled != math.prod(shard.shape):
-                    raise InvalidArgumentError(
-                        f"load: {name!r} at offsets {list(shard.offsets)} got {filled} of "
-                        f"{math.prod(shard.shape)} elements from the checkpoint"
-                    )
-    finally:
-        handles.clear()
+    files: dict[str, SafetensorsReader] = {}
+    for name, shards in flat.tensors.items():
+        dtype = index["tensors"][name]["dtype"]
+        for shard in shards:
+            xp = array_module(shard.local)
+            filled = 0
+            for saved in index["tensors"][name]["shards"]:
+                overlap = intersect(shard.offsets, shard.shape, saved["offsets"], saved["shape"])
+                if overlap is None:
+                    continue
+                into_mine, into_saved = overlap
+                if saved["file"] not in files:
+                    files[saved["file"]] = SafetensorsReader(checkpoint / saved["file"])
+                block = files[saved["file"]].get(saved["key"], dtype, saved["shape"])
+                shard.local[into_mine] = xp.asarray(block[into_saved])
+                filled += math.prod(s.stop - s.start for s in into_mine)
+            if filled != math.prod(shard.shape):
+                raise CheckpointError(
+                    f"load: {name!r} at offsets {list(shard.offsets)} got {filled} of "
+                    f"{math.prod(shard.shape)} elements from the checkpoint"
+                )

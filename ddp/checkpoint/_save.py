@@ -316,8 +316,13 @@ def save(
             if writers.get(key) == rank and key not in taken:
                 taken.add(key)
                 array = to_host(shard.local, copy=async_op)
-                mine.append((shard_key(name, shard.offsets), np.ascontiguousarray(array)))
+                mine.append((shard_key(name, shard.offsets), _c_order(array)))
     plan = {"tensors": mine, "table": table, "writers": writers, "values": values}
     handle = SaveHandle(comm, temp, step_dir(directory, int(step)), int(step), keep, plan)
     handle._start(background=async_op)
     return handle if async_op else handle.wait()
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    return array if array.flags.c_contiguous else array.copy(order="C")
