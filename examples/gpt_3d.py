@@ -16,6 +16,10 @@ the characters of the Zen of Python with data x tensor x pipeline parallelism ov
 The full model is initialised from ``--seed`` on every rank, then sharded, and the global
 batch does not depend on the mesh, so every mesh prints the losses of ``--dp 1 --tp 1 --pp
 1`` to rounding. Rank 0 prints one line per step: ``step {i} loss {loss:.12e}``.
+
+``--save DIR --save-every K`` writes a checkpoint every K steps (``ddp.checkpoint``, the last
+2 kept); ``--resume DIR`` continues from the newest one in DIR on any mesh, ZeRO stage or
+DDP, with the losses of a run that never stopped (docs/checkpoint.md).
 """
 
 from __future__ import annotations

@@ -324,8 +324,9 @@ def save(
                 else:
                     array = _c_order(to_host(shard.local, copy=False))
                 mine.append((shard_key(name, shard.offsets), array))
-    _STAGING.clear()
-    _STAGING.update(staging)
+    if async_op:
+        _STAGING.clear()
+        _STAGING.update(staging)
     plan = {"tensors": mine, "table": table, "writers": writers, "values": values}
     handle = SaveHandle(comm, temp, step_dir(directory, int(step)), int(step), keep, plan)
     handle._start(background=async_op)
