@@ -7,7 +7,8 @@ per 64 MiB (``--tensor``). Rounds alternate the order of the timed operations, e
 starting after a barrier and timed to the last rank's end; the median over ``--rounds``:
 
 - ``save``: ``checkpoint.save`` (safetensors files, CRC-32 while writing, fsync, index,
-  rename), each rank writing its own blocks in parallel;
+  rename), each rank writing its own blocks in parallel (older checkpoints are removed
+  between timings, untimed);
 - ``tofile+fsync``: each rank ``ndarray.tofile`` of the same bytes into the same directory,
   then ``os.fsync`` (the same durability as ``save``), and ``tofile`` alone (no fsync:
   the data may still be in the page cache when the time is taken);
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     total, tensor = parse_size(args.size), parse_size(args.tensor, "tensor")
     with col.init() as comm:
-        base = Path(comm.mpi_comm.bcast(args.dir or tempfile.mkdtemp(prefix="ckpt-bench-")))
+        made = tempfile.mkdtemp(prefix="ckpt-bench-") if comm.rank == 0 and not args.dir else None
+        base = Path(comm.mpi_comm.bcast(args.dir or made))
         state = state_of(comm, total, tensor)
         arrays = [s.local for s in state.values()]
         nbytes = comm.mpi_comm.allreduce(sum(a.nbytes for a in arrays))
@@ -94,7 +96,13 @@ def main(argv: list[str] | None = None) -> None:
 
         def save() -> None:
             step[0] += 1
-            checkpoint.save(base / "ours", state, comm, step=step[0], keep=1)
+            checkpoint.save(base / "ours", state, comm, step=step[0])
+
+        def drop_old() -> None:  # untimed: a save with keep=1 would time the deletion too
+            if comm.rank == 0:
+                for old in sorted((base / "ours").glob("step-*"))[:-1]:
+                    shutil.rmtree(old)
+            comm.barrier()
 
         blocked = [0.0]
 
@@ -123,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
             order = ops if r % 2 == 0 else ops[:3][::-1] + ops[3:][::-1]
             for name, fn in order:
                 times.setdefault(name, []).append(timed(comm, fn))
+                drop_old()
             timed(comm, save_async)
+            drop_old()
             times.setdefault("async blocked", []).append(blocked[0])
         for name, s in targets.items():  # the last load read back what was saved
             assert np.array_equal(s.local, state[name].local), name

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from collectives import array_module
+from collectives import InvalidArgumentError, array_module
 
 from ._common import exchange, world
 from ._format import CheckpointError, SafetensorsReader, file_crc32, read_index
@@ -91,8 +91,13 @@ def load(
         values = ddp.checkpoint.load("ckpt", {"model": ddp, "optim": zero, "step": 0}, comm)
         start = values["step"]
     """
-    flat = flatten_state(state, "load")
     me = world(comm)
+    try:
+        flat = flatten_state(state, "load")
+    except InvalidArgumentError as error:
+        if me.size > 1:  # the other ranks fail with it now instead of waiting for this one
+            exchange(comm, {"problems": [f"rank {me.rank}: {error}"], "names": []})
+        raise
     found: dict[str, Any] = {}
     index: dict[str, Any] = {}
     try:

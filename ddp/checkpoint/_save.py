@@ -290,9 +290,18 @@ def save(
         raise InvalidArgumentError(f"{call}: step must be an integer >= 0, got {step!r}")
     if keep is not None and (int(keep) != keep or keep < 1):
         raise InvalidArgumentError(f"{call}: keep must be an integer >= 1 or None, got {keep!r}")
-    flat = flatten_state(state, call)
-    for name, shards in flat.tensors.items():
-        dtype_code(shards[0].local.dtype, call, name)
+    alone = comm is None or comm.size == 1
+    try:
+        flat = flatten_state(state, call)
+        for name, shards in flat.tensors.items():
+            dtype_code(shards[0].local.dtype, call, name)
+        meta = _local_meta(flat)
+    except InvalidArgumentError as error:
+        if alone:
+            raise
+        # told to the other ranks in the exchange below, so that they fail now, with it,
+        # rather than wait for this one until the timeout
+        meta, mistake = {"error": str(error)}, error
     for handle in list(_PENDING):
         if handle.comm is comm:
             handle.wait()
@@ -305,8 +314,18 @@ def save(
             if entry.name.startswith(TEMP_PREFIX):
                 shutil.rmtree(entry, ignore_errors=True)
         temp.mkdir()
-    metas = exchange(comm, _local_meta(flat))  # also: the directory exists from here on
-    table = tensor_table(metas, call)
+    metas = exchange(comm, meta)  # also: the directory exists from here on
+    try:
+        wrong = [f"rank {r}: {m['error']}" for r, m in enumerate(metas) if "error" in m]
+        if "error" in meta:
+            raise mistake
+        if wrong:
+            raise InvalidArgumentError(f"{call}: another rank's state is bad: " + "; ".join(wrong))
+        table = tensor_table(metas, call)
+    except InvalidArgumentError:
+        if rank == 0:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise
     writers = assign_writers(table)
     values: dict[str, Any] = {}
     for meta in metas:  # a JSON value from the lowest rank that gives it

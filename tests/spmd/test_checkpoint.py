@@ -28,6 +28,7 @@ from ddp.checkpoint import CheckpointError
 from ddp.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
 WORLD_SIZES = (2,)
+pytestmark = pytest.mark.numpy_only(reason="the states here are NumPy arrays")
 
 
 @pytest.fixture
@@ -198,3 +199,17 @@ def test_async_save_over_ranks(comm, shared_dir):
     target = {"x": np.zeros(4 * comm.size), "step": None}
     assert checkpoint.load(path, target, comm) == {"step": 7}
     np.testing.assert_array_equal(target["x"], np.repeat(np.arange(comm.size, dtype=float), 4))
+
+
+def test_a_bad_state_on_one_rank_fails_every_rank_at_once(comm, shared_dir):
+    bad = comm.rank == comm.size - 1
+    state = {"a": np.ones(2, complex if bad else float)}
+    match = "'a' has dtype complex128" if bad else "another rank's state is bad: rank"
+    with pytest.raises(col.InvalidArgumentError, match=match):
+        checkpoint.save(shared_dir, state, comm, step=1)
+    checkpoint.save(shared_dir, {"a": np.ones(2)}, comm, step=1)
+    target = {"a": object() if bad else np.zeros(2)}
+    error = col.InvalidArgumentError if bad else CheckpointError
+    with pytest.raises(error, match=r"state\['a'\] is a object"):
+        checkpoint.load(shared_dir, target, comm)
+    assert not list(shared_dir.glob(".tmp-*"))
