@@ -53,7 +53,9 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path):
     )  # fmt: skip
     assert done.returncode != 0, done.stdout + done.stderr
     killed_at = int((directory / "killed-at").read_text())
-    assert 0 < killed_at < N * 8  # rank 1 died with its file part written
+    # rank 1 died with its file begun (in the middle of it, unless the machine stalled the
+    # watcher past the last write: still before the commit, which needs rank 1)
+    assert killed_at > 0
     assert not (directory / "step-00000002").exists()
     assert (directory / ".tmp-step-00000002").is_dir()
     assert checkpoint.latest(directory) == directory / "step-00000001"

@@ -328,8 +328,8 @@ def save(
         raise
     writers = assign_writers(table)
     values: dict[str, Any] = {}
-    for meta in metas:  # a JSON value from the lowest rank that gives it
-        for name, value in meta["values"].items():
+    for each in metas:  # a JSON value from the lowest rank that gives it
+        for name, value in each["values"].items():
             values.setdefault(name, value)
     mine, taken = [], set()
     staging: dict[tuple, np.ndarray] = {}
