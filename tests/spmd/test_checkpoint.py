@@ -213,3 +213,19 @@ def test_a_bad_state_on_one_rank_fails_every_rank_at_once(comm, shared_dir):
     with pytest.raises(error, match=r"state\['a'\] is a object"):
         checkpoint.load(shared_dir, target, comm)
     assert not list(shared_dir.glob(".tmp-*"))
+
+
+def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(comm, shared_dir, monkeypatch):
+    import ddp.checkpoint._save as save_module
+
+    if comm.rank == comm.size - 1:
+
+        def full_disk(path, tensors, metadata):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(save_module, "write_safetensors", full_disk)
+    state = {"x": checkpoint.Shard(np.ones(3), (3 * comm.size,), (3 * comm.rank,))}
+    with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: OSError: .*No space left"):
+        checkpoint.save(shared_dir, state, comm, step=1)
+    comm.barrier()
+    assert checkpoint.latest(shared_dir) is None and not list(shared_dir.glob(".tmp-*"))
