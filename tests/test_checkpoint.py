@@ -228,3 +228,17 @@ def test_save_replaces_a_checkpoint_of_the_same_step(tmp_path: Path):
     target = {"a": np.zeros(2)}
     checkpoint.load(tmp_path, target)
     assert target["a"].tolist() == [5.0, 5.0]
+
+
+def test_every_listed_dtype_round_trips(tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    names = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32"]
+    names += ["float32", "float64", "int64", "uint64"]
+    state = {n: (np.arange(6) % 3).astype(n).reshape(2, 3) for n in names}
+    state["bfloat16"] = np.array([1.5, -2.0, 3.25], dtype=ml_dtypes.bfloat16)
+    checkpoint.save(tmp_path, state, step=1)
+    target = {n: np.zeros_like(v) for n, v in state.items()}
+    checkpoint.load(tmp_path, target)
+    for name, value in state.items():
+        assert target[name].dtype == value.dtype
+        np.testing.assert_array_equal(target[name].astype(np.float64), value.astype(np.float64))
