@@ -244,10 +244,12 @@ class ZeroOptimizer:
 
         The optimizer state (and in stage 3 the parameters) come from this rank's flat shard,
         mapped back to blocks of each parameter; ``placements`` (name -> ``(global_shape,
-        offsets)``) places parameters that are tensor-parallel blocks. The names match
-        those of ``DistributedDataParallel`` plus :class:`ddp.checkpoint.OptimizerState`,
-        so a checkpoint moves between ZeRO stages, plain DDP and any data-parallel size.
-        Example: ``checkpoint.save("ckpt", {"model": zero}, comm, step=3)``.
+        offsets)``) places parameters that are tensor-parallel blocks. Float32 master
+        weights, where the parameters are half precision, are ``optim.master``. The names
+        match those of ``DistributedDataParallel`` plus
+        :class:`ddp.checkpoint.OptimizerState`, so a checkpoint moves between ZeRO stages,
+        plain DDP and any data-parallel size. Example:
+        ``checkpoint.save("ckpt", {"model": zero}, comm, step=3)``.
         """
         from .checkpoint._shard import flat_space_shards, placed
 
@@ -258,14 +260,23 @@ class ZeroOptimizer:
             params = flat_space_shards(
                 self._param_shard, lo, layout.offsets, layout.shapes, placements
             )
-        else:
-            params = {n: placed(p, n, placements) for n, p in self.params.items()}
+        else:  # the flat buffer's own views (no wrapper), replicated over the ranks
+            params = {
+                name: placed(self._flat_params[a:b].reshape(layout.shapes[name]), name, placements)
+                for name, (a, b) in layout.offsets.items()
+            }
         optim: dict[str, Any] = {}
+        shard = tuple(self._param_shard.shape)
         for key, value in self.state.items():
-            if hasattr(value, "shape") and tuple(value.shape) == tuple(self._param_shard.shape):
+            if hasattr(value, "shape") and tuple(value.shape) == shard:
                 optim[key] = flat_space_shards(value, lo, layout.offsets, layout.shapes, placements)
             else:
                 optim[key] = value
+        master = getattr(self, "_master", None)  # half-precision parameters only
+        if master is not None:
+            optim["master"] = flat_space_shards(
+                master, lo, layout.offsets, layout.shapes, placements
+            )
         return {"params": params, "optim": optim}
 
     def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
