@@ -466,17 +466,19 @@ def placements(names: list[str], full: dict[str, np.ndarray], tp: int, rank: int
     return out
 
 
-def training_state(trainer: Any, optimizer: Any, states: dict, params: dict, where: dict) -> dict:
+def training_state(
+    trainer: Any, optimizer: Any, states: dict, params: dict, where: dict, **more: Any
+) -> dict:
     """The checkpointed state by global name: the same names under ZeRO and under DDP
-    (``model.params.*``, ``model.optim.*``), whatever the mesh."""
+    (``model.params.*``, ``model.optim.*``), whatever the mesh; ``more``: other stateful
+    objects (a loss scaler) by name."""
     if isinstance(trainer, ZeroOptimizer):
-        return {"model": checkpoint.Placed(trainer, where)}
-    return {
-        "model": {
-            "params": checkpoint.Placed(trainer, where),
-            "optim": checkpoint.OptimizerState(optimizer, params, states, where),
-        }
+        return {"model": checkpoint.Placed(trainer, where), **more}
+    model = {
+        "params": checkpoint.Placed(trainer, where),
+        "optim": checkpoint.OptimizerState(optimizer, params, states, where),
     }
+    return {"model": model, **more}
 
 
 def train(

@@ -242,3 +242,11 @@ def test_every_listed_dtype_round_trips(tmp_path):
     for name, value in state.items():
         assert target[name].dtype == value.dtype
         np.testing.assert_array_equal(target[name].astype(np.float64), value.astype(np.float64))
+
+
+def test_optimizer_state_of_half_parameters_has_a_float32_master():
+    params = {"w": np.array([0.5, 1.25], dtype=np.float16)}
+    state = checkpoint.OptimizerState(AdamW(), params, {}).state_dict()
+    assert state["master"]["w"].dtype == np.float32
+    assert state["master"]["w"].tolist() == [0.5, 1.25] and state["step"] == 0
+    assert state["exp_avg"]["w"].dtype == np.float32

@@ -40,7 +40,7 @@ class OptimizerState:
         steps = set()
         for name, param in self.params.items():
             if name not in self.states:
-                self.states[name] = self.optimizer.init_state(param)
+                self.states[name] = _new_state(self.optimizer, param)
             for key, value in self.states[name].items():
                 if key == "step":
                     steps.add(int(value))
@@ -62,6 +62,15 @@ class OptimizerState:
     def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
         for name in self.params:
             self.states[name]["step"] = int(loaded["step"])
+
+
+def _new_state(optimizer: Any, param: Any) -> dict[str, Any]:
+    """A parameter's state as the optimizer's first step makes it: half-precision parameters
+    get a float32 master copy (``"master"``) beside the optimizer state, which follows it."""
+    if str(getattr(param, "dtype", "")) in ("float16", "bfloat16"):
+        master = param.astype("float32")
+        return {**optimizer.init_state(master), "master": master}
+    return dict(optimizer.init_state(param))
 
 
 class Placed:
