@@ -179,3 +179,16 @@ class ShardedArray:
             f"ShardedArray(shape={self.shape}, axis={self.axis}, range={self.range}, "
             f"rank={self.comm.rank}/{self.comm.size}, dtype={self.dtype})"
         )
+
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's block as a Shard of the global array (under the name it is given).
+
+        Example: ``checkpoint.save("ckpt", {"x": sharded}, comm, step=0)`` saves ``x``.
+        """
+        from .checkpoint._shard import Shard
+
+        offsets = [0] * self.ndim
+        offsets[self.axis] = self.range[0]
+        return {"": Shard(self.local, self.shape, tuple(offsets))}

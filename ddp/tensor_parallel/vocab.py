@@ -129,6 +129,17 @@ class VocabParallelEmbedding:
         """Zero the gradient summed so far, in place (before each step's microbatches)."""
         self.grad_weight = zero(self.grad_weight)
 
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's rows of the ``(vocab, dim)`` embedding, placed at ``range[0]``.
+
+        Example: ``checkpoint.save("ckpt", {"wte": embedding}, comm, step=0)``.
+        """
+        from ..checkpoint._shard import Shard
+
+        return {"weight": Shard(self.weight, (self.vocab, self.dim), (self.range[0], 0))}
+
 
 class VocabParallelCrossEntropy:
     """Softmax cross-entropy per position, over logits whose last axis is split across ``comm``.
