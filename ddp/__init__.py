@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from . import hooks, tensor_parallel
+from . import checkpoint, hooks, tensor_parallel
 from ._buckets import Bucket, BucketSpec, assign_buckets
 from ._ddp import BucketStats, DDPStats, DistributedDataParallel
 from ._tune import BucketCapTuning, tune_bucket_cap
@@ -35,6 +35,7 @@ __all__ = [
     "ShardedArray",
     "ZeroOptimizer",
     "assign_buckets",
+    "checkpoint",
     "clip_grad_norm",
     "hooks",
     "state_nbytes",

@@ -20,6 +20,7 @@ from ._pack import _PointerTable, pack, unpack
 from ._param_check import check_params_agree
 from ._precision import dtype_label, is_half, round_into, to_float32
 from ._tune import tune_bucket_cap
+from .checkpoint._shard import placed
 
 _CALL = "DistributedDataParallel"
 
@@ -510,3 +511,14 @@ class DistributedDataParallel:
             f"DistributedDataParallel({len(self.params)} params, {len(self.buckets)} buckets, "
             f"{total} bytes, rank {self.comm.rank} of {self.comm.size})"
         )
+
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self, placements: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The parameters by name (replicated over ``comm``: each written once), placed in
+        their global tensors by ``placements`` (name -> ``(global_shape, offsets)``) where
+        they are tensor-parallel blocks. A load fills them in place.
+
+        Example: ``checkpoint.save("ckpt", {"model": {"params": ddp}}, comm, step=3)``.
+        """
+        return {name: placed(p, name, placements) for name, p in self.params.items()}

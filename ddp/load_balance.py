@@ -10,7 +10,8 @@ uneven shards still give the gradient of the whole batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from collectives import CommunicatorLike, InvalidArgumentError
 
@@ -157,3 +158,23 @@ class LoadBalancer:
             )
         every = gather_scalars(self.comm, [step_time, samples])
         return self.observe(every[:, 0].tolist(), [int(n) for n in every[:, 1]])
+
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The measured throughputs and the current shares (JSON; the same on every rank).
+
+        Example: ``checkpoint.save("ckpt", {"balancer": lb}, comm, step=0)``.
+        """
+        return {"throughput": self.throughput, "shares": list(self.shares)}
+
+    def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
+        """Take the loaded throughputs; shares are recomputed for this world size."""
+        throughput = loaded["throughput"]
+        if throughput is not None and len(throughput) == self.size:
+            self.throughput = [float(t) for t in throughput]
+            fractions = floored_fractions(self.throughput, self.floor)
+            self.shares = split_batch(fractions, self.global_batch)
+        else:  # none measured yet, or of another world size's ranks: start afresh
+            self.throughput = None
+            self.shares = split_batch([1.0] * self.size, self.global_batch)

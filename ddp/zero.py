@@ -30,6 +30,7 @@ from typing import Any
 from collectives import BFloat16Array, CommunicatorLike, InvalidArgumentError, array_module
 
 from ._precision import dtype_label, is_half, round_into, storage, to_float32
+from .checkpoint._shard import flat_space_shards, placed
 from .optim import Optimizer
 
 __all__ = ["ZeroOptimizer", "FlatLayout", "flat_layout"]
@@ -317,3 +318,52 @@ class ZeroOptimizer:
             xp = array_module(view)
             xp.copyto(self._master, to_float32(self._wire(view)), where=changed)
             self._param_shard[...] = view
+
+    # -- checkpoint state (ddp.checkpoint): parameters and optimizer state by global name
+
+    def state_dict(self, placements: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``{"params": {name: ...}, "optim": {"step": n, "exp_avg": {name: [Shard, ...]}}}``.
+
+        The optimizer state (and in stage 3 the parameters) come from this rank's flat shard,
+        mapped back to blocks of each parameter; ``placements`` (name -> ``(global_shape,
+        offsets)``) places parameters that are tensor-parallel blocks. Float32 master
+        weights, where the parameters are half precision, are ``optim.master``. The names
+        match those of ``DistributedDataParallel`` plus
+        :class:`ddp.checkpoint.OptimizerState`, so a checkpoint moves between ZeRO stages,
+        plain DDP and any data-parallel size. Example:
+        ``checkpoint.save("ckpt", {"model": zero}, comm, step=3)``.
+        """
+        layout = self.layout
+        lo, _ = self.shard_range
+        params: dict[str, Any]
+        if self.stage == 3:
+            params = flat_space_shards(
+                self._param_shard, lo, layout.offsets, layout.shapes, placements
+            )
+        else:  # the flat buffer's own views (no wrapper), replicated over the ranks
+            params = {
+                name: placed(self._flat_params[a:b].reshape(layout.shapes[name]), name, placements)
+                for name, (a, b) in layout.offsets.items()
+            }
+        optim: dict[str, Any] = {}
+        shard = tuple(self._param_shard.shape)
+        for key, value in self.state.items():
+            if hasattr(value, "shape") and tuple(value.shape) == shard:
+                optim[key] = flat_space_shards(value, lo, layout.offsets, layout.shapes, placements)
+            else:
+                optim[key] = value
+        master = getattr(self, "_master", None)  # half-precision parameters only
+        if master is not None:
+            optim["master"] = flat_space_shards(
+                master, lo, layout.offsets, layout.shapes, placements
+            )
+        return {"params": params, "optim": optim}
+
+    def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
+        """After :func:`ddp.checkpoint.load` filled the arrays: take the step, refresh the shard."""
+        for key, value in loaded["optim"].items():
+            if not isinstance(value, Mapping):
+                self.state[key] = value
+        if self.stage != 3:
+            lo, hi = self.shard_range
+            self._param_shard[...] = self._flat_params[lo:hi]

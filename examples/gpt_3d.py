@@ -24,6 +24,10 @@ the characters of the Zen of Python with data x tensor x pipeline parallelism ov
 The full model is initialised from ``--seed`` on every rank, then sharded, and the global
 batch does not depend on the mesh, so every mesh prints the losses of ``--dp 1 --tp 1 --pp
 1`` to rounding. Rank 0 prints one line per step: ``step {i} loss {loss:.12e}``.
+
+``--save DIR --save-every K`` writes a checkpoint every K steps (``ddp.checkpoint``, the last
+2 kept); ``--resume DIR`` continues from the newest one in DIR on any mesh, ZeRO stage or
+DDP, with the losses of a run that never stopped (docs/checkpoint.md).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import numpy as np
 
 import collectives as col
 import pipeline
-from ddp import AdamW, DistributedDataParallel, LossScaler, ZeroOptimizer
+from ddp import AdamW, DistributedDataParallel, LossScaler, ZeroOptimizer, checkpoint
 from ddp.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -90,6 +94,9 @@ class Config:
     loss_scale: str = "dynamic"  # fp16: "dynamic" (a LossScaler) or "none"
     init_scale: float = 2.0**16
     inject_overflow: int = -1  # the step whose gradient gets an inf on the last rank
+    save: Optional[str] = None  # directory of checkpoints, written every --save-every steps
+    save_every: int = 0
+    resume: Optional[str] = None  # a checkpoint, or a directory: its newest complete one
 
 
 # -------------------------------------------------------------------- data
@@ -481,8 +488,37 @@ def check(cfg: Config, size: int, vocab: int) -> None:
         problems.append(f"--loss-scale {cfg.loss_scale}, expected dynamic or none")
     if cfg.inject_overflow >= 0 and (cfg.precision, cfg.loss_scale) != ("fp16", "dynamic"):
         problems.append("--inject-overflow needs the loss scaler: --precision fp16")
+    if cfg.save_every < 0 or (cfg.save_every > 0) != (cfg.save is not None):
+        problems.append("--save DIR and --save-every K > 0 go together")
     if problems:
         raise col.InvalidArgumentError("gpt_3d: " + "; ".join(problems))
+
+
+def placements(names: list[str], full: dict[str, np.ndarray], tp: int, rank: int) -> dict:
+    """Where this tp rank's block of each split parameter sits: name -> (global shape, offsets)."""
+    out = {}
+    for name in names:
+        axis = SPLIT.get(name.split(".")[-1])
+        if axis is not None:
+            offsets = [0] * full[name].ndim
+            offsets[axis] = rank * (full[name].shape[axis] // tp)
+            out[name] = (full[name].shape, tuple(offsets))
+    return out
+
+
+def training_state(
+    trainer: Any, optimizer: Any, states: dict, params: dict, where: dict, **more: Any
+) -> dict:
+    """The checkpointed state by global name: the same names under ZeRO and under DDP
+    (``model.params.*``, ``model.optim.*``), whatever the mesh; ``more``: other stateful
+    objects (a loss scaler) by name."""
+    if isinstance(trainer, ZeroOptimizer):
+        return {"model": checkpoint.Placed(trainer, where), **more}
+    model = {
+        "params": checkpoint.Placed(trainer, where),
+        "optim": checkpoint.OptimizerState(optimizer, params, states, where),
+    }
+    return {"model": model, **more}
 
 
 def train(
@@ -526,6 +562,7 @@ def train(
     model.build_layers(full, names)
     optimizer = AdamW(lr=cfg.lr, weight_decay=0.01)
     scaler = make_scaler(cfg, comm)
+    states: dict = {}
     if cfg.zero:
         zero = ZeroOptimizer(params, dp, optimizer, stage=cfg.zero, broadcast_from=None)
         model.params, model.grads = zero.params, zero.grads
@@ -534,7 +571,13 @@ def train(
         reduce_dtype = "float32" if dtype.itemsize == 2 else None
         ddp = DistributedDataParallel(params, dp, broadcast_from=None, reduce_dtype=reduce_dtype)
         model.params, model.grads = params, {n: xp.zeros_like(p) for n, p in params.items()}
-        states: dict = {}
+    where = placements(names, full, tp.size, tp.rank)
+    state = training_state(
+        zero if cfg.zero else ddp, optimizer, states, params, where, scaler=scaler
+    )
+    start = 0
+    if cfg.resume is not None:
+        start = int(checkpoint.load(cfg.resume, {**state, "step": 0}, comm)["step"])
     chunks = [model.stage(s, stages, schedule.splits_backward) for s in mine]
     # the tied embedding lives on the first stage (rank 0) and on the last (rank 0 in a V)
     last_rank = schedule.place(stages - 1)[0]
@@ -543,7 +586,7 @@ def train(
     rows = cfg.global_batch // (dp.size * m)
 
     losses = []
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         batch = global_batch(tokens, step, cfg)
         batch = batch[dp.rank * rows * m : (dp.rank + 1) * rows * m]
         windows = [xp.asarray(batch[i * rows : (i + 1) * rows].T.copy()) for i in range(m)]
@@ -588,6 +631,9 @@ def train(
         losses.append(float(total[0]))
         if report is not None:
             report(step, losses[-1])
+        if cfg.save is not None and (step + 1) % cfg.save_every == 0:
+            # the step to resume from is the data position too: batches depend on it alone
+            checkpoint.save(cfg.save, {**state, "step": step + 1}, comm, step=step + 1, keep=2)
     if tied is not None:
         tied.close()
     mesh.close()
@@ -605,6 +651,8 @@ def parse(argv: Optional[list[str]] = None) -> tuple[Config, str]:
             parser.add_argument(flag, type=int, default=None)
         elif field == "precision":
             parser.add_argument(flag, default=None, choices=PRECISIONS)
+        elif field in ("save", "resume"):
+            parser.add_argument(flag, default=None, metavar="DIR")
         else:
             choices = {
                 "schedule": SCHEDULES,

@@ -29,6 +29,7 @@ from typing import Any
 
 from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
+from ..checkpoint._shard import Shard
 from ..sharded import even_shard_size
 from ._state import MicrobatchState, add_grad, zero
 from .mappings import (
@@ -158,6 +159,22 @@ class ColumnParallelLinear:
         """Zero the gradients summed so far, in place (before each step's microbatches)."""
         self.grad_weight, self.grad_bias = zero(self.grad_weight), zero(self.grad_bias)
 
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's column blocks by place in the full layer: ``weight`` ``(in, out)``
+        at column ``rank * out / size``, ``bias`` at the same offset.
+
+        Example: ``checkpoint.save("ckpt", {"fc": layer}, comm, step=0)``.
+        """
+        lo = self.comm.rank * int(self.weight.shape[1])
+        state: dict[str, Any] = {
+            "weight": Shard(self.weight, (self.in_features, self.out_features), (0, lo))
+        }
+        if self.bias is not None:
+            state["bias"] = Shard(self.bias, (self.out_features,), (lo,))
+        return state
+
 
 class RowParallelLinear:
     """``y = x @ weight + bias`` with the input features split across ``comm``.
@@ -248,3 +265,19 @@ class RowParallelLinear:
     def zero_grad(self) -> None:
         """Zero the gradients summed so far, in place (before each step's microbatches)."""
         self.grad_weight, self.grad_bias = zero(self.grad_weight), zero(self.grad_bias)
+
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's row block of ``weight`` ``(in, out)`` at row ``rank * in / size``, and
+        the whole ``bias`` (replicated: written once).
+
+        Example: ``checkpoint.save("ckpt", {"proj": layer}, comm, step=0)``.
+        """
+        lo = self.comm.rank * int(self.weight.shape[0])
+        state: dict[str, Any] = {
+            "weight": Shard(self.weight, (self.in_features, self.out_features), (lo, 0))
+        }
+        if self.bias is not None:
+            state["bias"] = self.bias
+        return state

@@ -20,6 +20,7 @@ from typing import Any
 
 from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
+from ..checkpoint._shard import Shard
 from ..sharded import even_shard_size
 from ._state import MicrobatchState, add_grad, zero
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
@@ -130,6 +131,15 @@ class VocabParallelEmbedding:
     def zero_grad(self) -> None:
         """Zero the gradient summed so far, in place (before each step's microbatches)."""
         self.grad_weight = zero(self.grad_weight)
+
+    # -- checkpoint state (ddp.checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's rows of the ``(vocab, dim)`` embedding, placed at ``range[0]``.
+
+        Example: ``checkpoint.save("ckpt", {"wte": embedding}, comm, step=0)``.
+        """
+        return {"weight": Shard(self.weight, (self.vocab, self.dim), (self.range[0], 0))}
 
 
 class VocabParallelCrossEntropy:

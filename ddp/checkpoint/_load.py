@@ -1,0 +1,169 @@
+"""Load: every check first (names, shapes, dtypes, checksums, on every rank together), then
+each rank reads only the slices of the saved blocks that overlap the blocks it holds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from collectives import CommunicatorLike, InvalidArgumentError, array_module
+
+from ._common import exchange, world
+from ._format import CheckpointError, SafetensorsReader, file_crc32, read_index
+from ._save import latest
+from ._shard import flatten_state, intersect
+
+__all__ = ["load", "resolve"]
+
+
+def resolve(path: str | Path) -> Path:
+    """``path`` itself if it is a checkpoint, else the newest complete one under it."""
+    path = Path(path)
+    if (path / "index.json").is_file():
+        return path
+    found = latest(path)
+    if found is None:
+        raise CheckpointError(f"load: no complete checkpoint in {path}")
+    return found
+
+
+def _problems(flat: Any, index: dict[str, Any]) -> list[str]:
+    """What this rank's state gets wrong against the index (names are checked together)."""
+    found = []
+    for name, shards in flat.tensors.items():
+        saved = index["tensors"].get(name)
+        if saved is None:
+            continue
+        first = shards[0]
+        if list(first.global_shape) != list(saved["shape"]):
+            found.append(
+                f"{name!r} has global shape {list(first.global_shape)} here, {saved['shape']} "
+                "in the checkpoint"
+            )
+        elif str(first.local.dtype) != saved["dtype"]:
+            found.append(
+                f"{name!r} has dtype {first.local.dtype} here, {saved['dtype']} in the checkpoint"
+            )
+    for name in flat.values:
+        if name in index["tensors"]:
+            found.append(f"{name!r} is a tensor in the checkpoint, a JSON value here")
+    for name in flat.tensors:
+        if name in index["values"]:
+            found.append(f"{name!r} is a JSON value in the checkpoint, a tensor here")
+    return found
+
+
+def _substitute(inner: Mapping[str, Any], prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``inner`` with its JSON leaves replaced by the loaded values (arrays are filled)."""
+    out: dict[str, Any] = {}
+    for key, value in inner.items():
+        name = f"{prefix}.{key}" if prefix and key else prefix or key
+        if name in values:
+            out[key] = values[name]
+        elif isinstance(value, Mapping):
+            out[key] = _substitute(value, name, values)
+        else:
+            out[key] = value
+    return out
+
+
+def load(
+    path: str | Path,
+    state: Mapping[str, Any],
+    comm: CommunicatorLike | None = None,
+    *,
+    strict: bool = True,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """Fill ``state`` (the same kind of mapping :func:`save` takes) from checkpoint ``path``.
+
+    ``path`` is a checkpoint or a directory of them (its newest complete one is taken). The
+    arrays and Shards of ``state`` are written in place, whatever mesh saved them; stateful
+    objects get ``load_state_dict``; returns the JSON values by global name. Collective
+    over ``comm``. Before any array changes, every rank raises :class:`CheckpointError` if
+    a name is missing (or, with ``strict``, extra), a global shape or dtype differs, or
+    (with ``verify``) a file fails its checksum; the files' checksums are spread over ranks.
+
+    Example::
+
+        values = ddp.checkpoint.load("ckpt", {"model": ddp, "optim": zero, "step": 0}, comm)
+        start = values["step"]
+    """
+    me = world(comm)
+    try:
+        flat = flatten_state(state, "load")
+    except InvalidArgumentError as error:
+        if me.size > 1:  # the other ranks fail with it now instead of waiting for this one
+            exchange(comm, {"problems": [f"rank {me.rank}: {error}"], "names": []})
+        raise
+    found: dict[str, Any] = {}
+    index: dict[str, Any] = {}
+    try:
+        checkpoint = resolve(path)
+        index = read_index(checkpoint)
+        found["problems"] = _problems(flat, index)
+        if verify:
+            files = sorted(index["files"])
+            bad = []
+            for i in range(me.rank, len(files), me.size):
+                name, expected = files[i], index["files"][files[i]]
+                try:
+                    crc = file_crc32(checkpoint / name)
+                except OSError as error:
+                    bad.append(f"{checkpoint / name} cannot be read ({error})")
+                    continue
+                if crc != expected["crc32"]:
+                    bad.append(
+                        f"{checkpoint / name} fails its checksum (crc32 {crc}, expected "
+                        f"{expected['crc32']})"
+                    )
+            found["problems"] += bad
+    except CheckpointError as error:
+        found["problems"] = [str(error).removeprefix("load: ")]
+    found["names"] = sorted(flat.tensors) + sorted(flat.values)
+    every = exchange(comm, found)
+    problems = []
+    for report in every:
+        problems += [p for p in report["problems"] if p not in problems]
+    if index:
+        asked = set().union(*(set(report["names"]) for report in every))
+        saved = set(index["tensors"]) | set(index["values"])
+        missing, extra = sorted(asked - saved), sorted(saved - asked)
+        if missing:
+            problems.append(f"names missing from the checkpoint: {missing}")
+        if extra and strict:
+            problems.append(f"names in the checkpoint that the state does not have: {extra}")
+    if problems:
+        raise CheckpointError(f"load: {path}: " + "; ".join(problems))
+    _read(checkpoint, index, flat)
+    values = {name: index["values"][name] for name in flat.values}
+    for obj, prefix, inner in flat.callbacks:
+        if hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(_substitute(inner, prefix, values))
+    return values
+
+
+def _read(checkpoint: Path, index: dict[str, Any], flat: Any) -> None:
+    files: dict[str, SafetensorsReader] = {}
+    for name, shards in flat.tensors.items():
+        dtype = index["tensors"][name]["dtype"]
+        for shard in shards:
+            xp = array_module(shard.local)
+            filled = 0
+            for saved in index["tensors"][name]["shards"]:
+                overlap = intersect(shard.offsets, shard.shape, saved["offsets"], saved["shape"])
+                if overlap is None:
+                    continue
+                into_mine, into_saved = overlap
+                if saved["file"] not in files:
+                    files[saved["file"]] = SafetensorsReader(checkpoint / saved["file"])
+                block = files[saved["file"]].get(saved["key"], dtype, saved["shape"])
+                shard.local[into_mine] = xp.asarray(block[into_saved])
+                filled += math.prod(s.stop - s.start for s in into_mine)
+            if filled != math.prod(shard.shape):
+                raise CheckpointError(
+                    f"load: {name!r} at offsets {list(shard.offsets)} got {filled} of "
+                    f"{math.prod(shard.shape)} elements from the checkpoint"
+                )
