@@ -20,7 +20,7 @@ backend's array module), ``array_module``, ``to_array``, ``DTYPES``, the bfloat1
 from ._abort import abort_on_exception, install_default
 from ._arrays import BFloat16Array, array_module, as_bfloat16, to_array
 from ._communicator import Communicator
-from ._communicator_like import CommunicatorLike as CommunicatorLike
+from ._communicator_like import CommunicatorLike
 from ._dtypes import DTYPES
 from ._errors import (
     BackendUnavailableError,
@@ -48,6 +48,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CollectivesError",
     "Communicator",
+    "CommunicatorLike",
     "CommunicatorStateError",
     "DTYPES",
     "DeviceMesh",
