@@ -39,6 +39,7 @@ from ._progress import ProgressBoard
 from ._work import Pending, Work, recorded
 
 RECORDER_LENGTH = 64
+_get_ident = threading.get_ident
 _HOST = frozenset({np.ndarray, type(None)})
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
@@ -91,7 +92,11 @@ class Communicator:
         self.stream = stream
         self.timeout = float(timeout)
         self._group: list | None = None
-        self._group_owner = 0
+        # One owner thread: a call from any other thread is refused on every rank alike (a
+        # refusal decided by which thread got there first would differ between ranks, and
+        # match one thread's call with another's).
+        self._owner_thread = threading.current_thread()
+        self._owner: int | None = self._owner_thread.ident
         self._unusable: CollectivesError | None = None
         # The backend again where it is the MPI one, which stages device arrays through the host
         # and runs the direct path.
@@ -154,7 +159,7 @@ class Communicator:
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
         fast = self._fast
-        if fast is not None and not async_op:
+        if fast is not None and not async_op and _get_ident() == self._owner:
             result = _direct.all_reduce(fast, x, op, out)
             if result is not NotImplemented:
                 return result
@@ -194,7 +199,7 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast
-        if fast is not None and not async_op:
+        if fast is not None and not async_op and _get_ident() == self._owner:
             result = _direct.broadcast(fast, x, root)
             if result is not NotImplemented:
                 return result
@@ -330,9 +335,9 @@ class Communicator:
             yield self
             return
         self._usable("group")
+        self._own("group")
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
-        self._group_owner = threading.get_ident()
         self._group = []
         self._fast = None
         failed = True
@@ -356,6 +361,7 @@ class Communicator:
         Every rank must call it. Ranks are ordered by ``key`` (default: current rank).
         """
         self._usable("split")
+        self._own("split")
         if color is not None and (not isinstance(color, int) or color < 0):
             raise InvalidArgumentError(
                 f"split: color must be a non-negative int or None, got {color!r}"
@@ -377,6 +383,50 @@ class Communicator:
         # cores, a waiting rank of the part must yield its core as early as the parent's.
         sub._books.yield_after = min(sub._books.yield_after, self._books.yield_after)
         return sub
+
+    def hand_over(self, thread: threading.Thread) -> None:
+        """Make ``thread`` the only one that may issue calls on this communicator from now on.
+
+        A communicator belongs to the thread that made it; a call from any other thread raises
+        ``CommunicatorStateError`` (on every rank alike, before any communication). Only the
+        owner may hand it over, between calls (async work it issued may still be waited on from
+        any thread); every rank should hand it over at the same point of its program. Local:
+        nothing is communicated.
+
+        Example:
+            >>> worker = threading.Thread(target=train, args=(comm,))
+            >>> comm.hand_over(worker)     # before worker.start() is fine
+            >>> worker.start()
+        """
+        if not isinstance(thread, threading.Thread):
+            raise InvalidArgumentError(
+                f"hand_over: thread must be a threading.Thread, got {type(thread).__name__}"
+            )
+        self._own("hand_over")
+        if not self._books.token:
+            raise CommunicatorStateError(f"hand_over: {IN_USE}")
+        self._owner_thread, self._owner = thread, thread.ident
+
+    @property
+    def owner(self) -> threading.Thread:
+        """The thread that may issue calls on this communicator (see :meth:`hand_over`)."""
+        return self._owner_thread
+
+    def _own(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` unless the calling thread owns the communicator."""
+        ident = _get_ident()
+        if ident == self._owner:
+            return
+        owner = self._owner_thread
+        if self._owner is None and owner.ident == ident:  # handed over before it started
+            self._owner = ident
+            return
+        raise CommunicatorStateError(
+            f"{call}: called from thread {threading.current_thread().name!r}, but the "
+            f"communicator belongs to thread {owner.name!r} (the thread that made it, or that "
+            "comm.hand_over() gave it to); every rank refuses such a call alike, so that no "
+            "rank matches one thread's call with another thread's"
+        )
 
     def close(self) -> None:
         """Free the communicator, once the calls in flight have finished (waiting at most the
@@ -473,6 +523,8 @@ class Communicator:
     ) -> Any:
         if self._unusable is not None:
             raise self._unusable_error(call)
+        if _get_ident() != self._owner:
+            self._own(call)
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
         if type(out) is np.ndarray and not out.flags.writeable:
@@ -483,8 +535,6 @@ class Communicator:
         books = self._books
         books.take(call)
         try:
-            if self._group is not None and self._group_owner != threading.get_ident():
-                raise CommunicatorStateError(f"{call}: {IN_USE}")
             array = x if x is not None else out
             seq = books.number(call, array, name, op, root)
             stager = self._mpi

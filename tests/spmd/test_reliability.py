@@ -260,12 +260,13 @@ def test_a_direct_call_holds_the_communicator_against_other_threads():
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 errors.append(e)
 
-        thread = threading.Thread(target=stuck)
+        thread = threading.Thread(target=stuck, name="stuck")
+        comm.hand_over(thread)
         thread.start()
         deadline = time.monotonic() + 30
         while not comm.flight_record() and time.monotonic() < deadline:
             time.sleep(0.001)  # recorded once it holds the communicator, until it times out
-        with pytest.raises(col.CommunicatorStateError, match="in use by another thread"):
+        with pytest.raises(col.CommunicatorStateError, match="belongs to thread 'stuck'"):
             comm.broadcast(np.ones(2))
         thread.join(30)
         assert len(errors) == 1 and isinstance(errors[0], col.CollectiveTimeoutError), errors
