@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct, _timeline
+from . import _direct, _exit, _timeline
 from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
 from ._backend import Backend, Verb
 from ._books import IN_USE, CallBooks
@@ -592,6 +592,7 @@ class Communicator:
         if self._unusable is None:
             self._unusable = error
             self._fast = None
+            _exit.failed(error, self.timeout)
             self._dump_flight_record()
             self._impl.abort()
         raise error

@@ -7,6 +7,7 @@ import warnings
 
 from mpi4py import MPI
 
+from . import _exit
 from ._backend import Backend
 from ._bootstrap import MpiBootstrap
 from ._communicator import Communicator
@@ -77,6 +78,7 @@ def init(
         )
 
     mpi_comm = MPI.COMM_WORLD.Dup()
+    _exit.enrol(MPI.COMM_WORLD)
     try:
         if backend in ("auto", "nccl"):
             backend, device = _choose(backend, mpi_comm, device)
