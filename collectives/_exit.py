@@ -24,7 +24,7 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from mpi4py import MPI
 
@@ -54,7 +54,7 @@ def install() -> None:
     _STATE.installed = True
     original = sys.exit
 
-    def exit(status: Any = None) -> None:  # noqa: A001 - it replaces sys.exit
+    def exit(status: Any = None) -> NoReturn:  # noqa: A001 - it replaces sys.exit
         _STATE.exit_code = status
         original(status)
 
