@@ -77,6 +77,8 @@ class Checker:
         self._spec = [self.buffer, MPI.INT64_T]
         self._hashes: dict[tuple, int] = {}
         self._request: MPI.Prequest | None = None
+        self._active: MPI.Request | None = None  # the comparison in flight over MPI
+        self._posted: tuple | None = None  # what post() compares, for finish()
         board = comm._progress
         self._board: Any = None  # the shared slots, when the whole communicator is on one node
         if shared_memory and board is not None and len(board.members) == comm.size:
@@ -99,6 +101,41 @@ class Checker:
             raise
 
     def _verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
+        shape, fp = self._fingerprint(seq, call, array, name, op, root)
+        if self._board is not None:
+            if self._all_posted_the_same(seq, ((seq & 0x7FFFFFFF) << 32) | fp, call):
+                return
+            self._raise_mismatch(seq, call, shape, name, root, op)
+        self._start(fp)
+        if not self._finish(seq, call):
+            self._raise_mismatch(seq, call, shape, name, root, op)
+
+    def post(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
+        """Start comparing this call over MPI without waiting; :meth:`finish` (on every rank
+        at the same later call) waits for the comparison and raises on a mismatch."""
+        shape, fp = self._fingerprint(seq, call, array, name, op, root)
+        self._posted = (seq, call, shape, name, root, op)
+        self._start(fp)
+
+    def finish(self) -> int | None:
+        """The number of the call :meth:`post` compared, once compared equal (None: nothing
+        was posted); raises ``CollectiveMismatchError`` on every rank otherwise."""
+        posted, self._posted = self._posted, None
+        if posted is None:
+            return None
+        seq, call, shape, name, root, op = posted
+        try:
+            same = self._finish(seq, call)
+        except CollectiveTimeoutError as e:
+            self.comm._fatal(e)
+            raise
+        if not same:
+            self._raise_mismatch(seq, call, shape, name, root, op)
+        return seq
+
+    def _fingerprint(
+        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any
+    ) -> tuple[Any, int]:
         shape = None if array is None else array.shape
         if call == "scatter" and root == self.rank and shape is not None:
             shape = shape[1:]  # root holds the whole (size, *shape) array
@@ -111,11 +148,10 @@ class Checker:
             fixed = zlib.crc32(f"{call}|{shape}|{name}|{root}|{code}".encode())
             if len(self._hashes) < 4096:
                 self._hashes[key] = fixed
-        fp = fixed ^ ((seq * 0x9E3779B1) & 0xFFFFFFFF)
-        if self._board is not None:
-            if self._all_posted_the_same(seq, ((seq & 0x7FFFFFFF) << 32) | fp, call):
-                return
-            self._raise_mismatch(seq, call, shape, name, root, op)
+        return shape, fixed ^ ((seq * 0x9E3779B1) & 0xFFFFFFFF)
+
+    def _start(self, fp: int) -> None:
+        """Post the all-reduce of ``(fp, -fp)`` with MAX."""
         slots = self._slots
         slots[0] = fp
         slots[1] = -fp
@@ -124,6 +160,13 @@ class Checker:
             request.Start()
         else:
             request = self.mpi.Iallreduce(MPI.IN_PLACE, self._spec, MPI.MAX)
+        self._active = request
+
+    def _finish(self, seq: int, call: str) -> bool:
+        """Wait (under the timeout) for the all-reduce :meth:`_start` posted; whether every
+        rank's fingerprint was the same."""
+        request, self._active = self._active, None
+        assert request is not None
         test = request.Test
         polls = 0
         while not test():
@@ -133,9 +176,8 @@ class Checker:
                 pending.info = _waiting_info(seq, call)
                 pending.synchronize(self.comm)
                 break
-        if slots[0] == -slots[1]:
-            return
-        self._raise_mismatch(seq, call, shape, name, root, op)
+        slots = self._slots
+        return slots[0] == -slots[1]
 
     def _all_posted_the_same(self, seq: int, word: int, call: str) -> bool:
         """Post ``word`` on the board; True when every other rank posts the same word."""
@@ -176,6 +218,8 @@ class Checker:
 
     def close(self) -> None:
         # A request still active (a check that timed out) cannot be freed; MPI keeps it.
+        if self._active is not None and self._active is not self._request:
+            self._active = None  # a posted Iallreduce: MPI finishes it on its own
         if self._request is not None and self._request.Test():
             self._request.Free()
             self._request = None

@@ -24,7 +24,6 @@ from . import _direct, _exit, _timeline
 from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
 from ._backend import Backend, Verb
 from ._books import IN_USE, CallBooks
-from ._check import Checker
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import (
@@ -33,6 +32,7 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
+from ._guard import Guard
 from ._mpi import MpiBackend, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
@@ -110,8 +110,10 @@ class Communicator:
             self._track = _timeline.TIMELINE.track(
                 f"communicator {_COUNT[0]} ({backend}, size {self.size})"
             )
-        if check:
-            books.checker = Checker(self)
+        self.check = bool(check)
+        if self.size > 1 or check:  # see _guard: failure notices and scheduled checks
+            books.checker = Guard(self, every_call=self.check)
+            books.quiet = self.timeout / 2
         # The books again where the direct path (_direct) applies (MPI, no timeline to draw);
         # _fast is them while it may be used: not inside group(), closed or dead.
         self._direct: CallBooks | None = None
@@ -376,7 +378,7 @@ class Communicator:
             child,
             backend=self.backend,
             timeout=self.timeout,
-            check=self._books.checker is not None,
+            check=self.check,
             **extra,
         )
         # A part counts only its own ranks on the node; when the parent's ranks outnumber the
@@ -445,6 +447,8 @@ class Communicator:
         """Tear the communicator down without waiting for operations in flight."""
         if isinstance(self._unusable, _Closed):
             return
+        if self._unusable is None and self._books.checker is not None:
+            self._books.checker.announce(f"rank {self.rank} aborted it")
         self._unusable = _Closed("communicator was aborted")
         self._fast = None
         self._impl.abort()
@@ -587,12 +591,25 @@ class Communicator:
         ):
             self._die(error)
 
-    def _die(self, error: CollectivesError) -> None:
-        """Mark the communicator dead after a timeout, abort the backend, raise ``error``."""
+    def _check_peers(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
+        it failed (:mod:`._guard`)."""
+        guard = self._books.checker
+        text = None if guard is None or self._unusable is not None else guard.failure()
+        if text is not None:
+            self._die(CommunicatorStateError(f"{call}: communicator is unusable: {text}"), False)
+
+    def _die(self, error: CollectivesError, announce: bool = True) -> None:
+        """Mark the communicator dead after a timeout, abort the backend, raise ``error``;
+        tell the other ranks unless they told this one."""
         if self._unusable is None:
             self._unusable = error
             self._fast = None
             _exit.failed(error, self.timeout)
+            guard = self._books.checker
+            if announce and guard is not None:
+                world = self._world_ranks[self.rank]
+                guard.announce(f"rank {self.rank} (world rank {world}) declared it failed: {error}")
             self._dump_flight_record()
             self._impl.abort()
         raise error
