@@ -1,0 +1,96 @@
+"""All or nothing: once a rank declares a communicator failed, every other rank's next call on
+it, and its waits in progress, raise ``CommunicatorStateError`` naming that failure; a late
+rank never completes a call the others failed. And with check mode off, ranks that disagree
+are caught on a schedule (``collectives._guard``) instead of getting wrong numbers forever.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collectives as col
+from collectives._guard import scheduled
+
+WORLD_SIZES = (2,)
+SPMD_TIMEOUT = 120
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_a_late_rank_never_completes_a_call_the_others_failed(async_op):
+    comm = col.init("mpi", timeout=1.0, mpi_blocking=False)
+    comm.all_reduce(np.ones(2))
+    x = np.full(3, comm.rank + 1.0)
+    if comm.rank == 0:
+        with pytest.raises(col.CollectiveTimeoutError, match="all_reduce #2"):
+            comm.all_reduce(x)
+        MPI.COMM_WORLD.Barrier()
+    else:
+        MPI.COMM_WORLD.Barrier()  # arrive after rank 0 has declared the call failed
+        with pytest.raises(col.CommunicatorStateError) as info:
+            work = comm.all_reduce(x, async_op=async_op)
+            if async_op:
+                work.wait()
+        message = str(info.value)
+        assert message.startswith("all_reduce: communicator is unusable: rank 0 (world rank 0) ")
+        assert "declared it failed: all_reduce #2 (shape (3,), float64) on rank 0" in message
+        np.testing.assert_array_equal(x, 2.0)  # never reduced
+        with pytest.raises(col.CommunicatorStateError, match="unusable after an earlier error"):
+            comm.barrier()
+    comm.close()
+
+
+def test_a_rank_waiting_in_a_call_learns_another_ranks_failure_within_its_timeout():
+    # rank 0 times out after 1 s in an all_reduce that rank 1 is not in; rank 1 waits in a
+    # recv that rank 0 never sends, with a timeout of 20 s, and is told
+    comm = col.init("mpi", timeout=1.0 if comm_rank() == 0 else 20.0, mpi_blocking=False)
+    start = time.monotonic()
+    if comm.rank == 0:
+        with pytest.raises(col.CollectiveTimeoutError):
+            comm.all_reduce(np.ones(2))
+    else:
+        with pytest.raises(col.CommunicatorStateError, match="rank 0 .* declared it failed"):
+            comm.recv(np.ones(2), 0)
+        assert time.monotonic() - start < 10
+    MPI.COMM_WORLD.Barrier()
+    comm.close()
+
+
+def comm_rank() -> int:
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule():
+    comm = col.init("mpi", timeout=20.0, check=False)
+    x = np.ones(4)
+    for _ in range(1, 10):  # in step: #1 to #8 are compared, #9 too as it finishes #8
+        comm.all_reduce(x)
+    first_wrong = 10
+    op = "sum" if comm.rank == 0 else "max"  # from #10 on the ranks disagree
+    nth = first_wrong
+    with pytest.raises(col.CollectiveMismatchError) as info:
+        while nth < 100:
+            comm.all_reduce(np.ones(4), op=op)
+            nth += 1
+    first_compared = next(n for n in range(first_wrong, 100) if scheduled(n))
+    assert nth == first_compared + 1  # found as the call after it was made, on every rank
+    message = str(info.value)
+    assert f"at collective #{first_compared} " in message and "op differs" in message, message
+    assert f"results of collectives #{first_wrong - 1} and later may be wrong" in message
+    comm.all_reduce(x)  # still in step: the refused call was refused on every rank
+    comm.close()
+
+
+def test_check_mode_off_costs_no_comparison_between_scheduled_calls():
+    comm = col.init("mpi", timeout=20.0, check=False)
+    guard = comm._books.checker
+    compared = []
+    original = guard.checker.post
+    guard.checker.post = lambda nth, *args: (compared.append(nth), original(nth, *args))
+    for _ in range(40):
+        comm.all_reduce(np.ones(1))
+    assert compared == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
+    comm.close()
