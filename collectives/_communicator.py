@@ -33,6 +33,7 @@ from ._errors import (
     InvalidArgumentError,
 )
 from ._guard import Guard
+from ._handshake import arrive
 from ._mpi import MpiBackend, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
@@ -364,11 +365,18 @@ class Communicator:
         """
         self._usable("split")
         self._own("split")
-        if color is not None and (not isinstance(color, int) or color < 0):
+        if color is not None and (type(color) is not int or color < 0):
             raise InvalidArgumentError(
                 f"split: color must be a non-negative int or None, got {color!r}"
             )
+        if key is not None and (type(key) is not int or not -(2**31) <= key < 2**31):
+            raise InvalidArgumentError(
+                f"split: key must be an int in [-2**31, 2**31) or None, got {key!r}"
+            )
+        if color is not None and color >= 2**31:
+            raise InvalidArgumentError(f"split: color must be below 2**31, got {color!r}")
         key = self.rank if key is None else key
+        self._arrive("split")
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
         impl, extra = self._impl.split(child, color, key)
         if child == MPI.COMM_NULL:
@@ -590,6 +598,19 @@ class Communicator:
             self._impl, "failure", None
         ):
             self._die(error)
+
+    def _arrive(self, call: str) -> None:
+        """Before blocking MPI steps that every rank takes (making communicators): return
+        once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
+        not, the communicator dead (:mod:`._handshake`)."""
+        guard = self._books.checker
+        try:  # on the guard's private communicator: no user message can match it
+            if guard is None:
+                arrive(self.mpi_comm, call, self.timeout)
+            else:
+                arrive(guard.notice.mpi, call, self.timeout, stamp=guard.notice.id)
+        except CollectiveTimeoutError as e:
+            self._die(e)
 
     def _check_peers(self, call: str) -> None:
         """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
