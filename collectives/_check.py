@@ -20,6 +20,7 @@ read (it cannot pass the next check before this rank has written its word there)
 
 from __future__ import annotations
 
+import ast
 import zlib
 from typing import Any
 
@@ -32,6 +33,7 @@ from ._work import Pending
 
 #: calls between two ranks only: there is nothing to compare across the whole communicator
 POINT_TO_POINT = frozenset({"send", "recv"})
+_DESCRIPTION = 512  # bytes of one rank's description of its call, as exchanged
 
 
 def describe_call(seq: int, call: str, shape: Any, dtype: Any, root: Any, op: Any) -> dict:
@@ -213,7 +215,18 @@ class Checker:
     ) -> None:
         """Every rank found a difference: exchange descriptions and raise the same error."""
         fields = describe_call(seq, call, shape, name, root, op)
-        descriptions = self.mpi.allgather(fields)
+        # Non-blocking and under the timeout: a rank that died meanwhile must not hang the others.
+        mine = np.frombuffer(repr(fields).encode()[:_DESCRIPTION].ljust(_DESCRIPTION), np.uint8)
+        every = np.empty((self.comm.size, _DESCRIPTION), np.uint8)
+        request = self.mpi.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
+        pending = MpiPending(request, (mine, every))
+        pending.info = (seq, f"exchange of descriptions after a mismatch at {call}", None, None)
+        try:
+            pending.synchronize(self.comm)
+        except CollectiveTimeoutError as e:
+            self.comm._fatal(e)
+            raise
+        descriptions = [ast.literal_eval(bytes(row).decode().strip()) for row in every]
         raise CollectiveMismatchError(f"{call}: {mismatch_message(descriptions)}")
 
     def close(self) -> None:

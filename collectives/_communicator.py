@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -163,7 +163,10 @@ class Communicator:
         """
         fast = self._fast
         if fast is not None and not async_op and _get_ident() == self._owner:
-            result = _direct.all_reduce(fast, x, op, out)
+            try:
+                result = _direct.all_reduce(fast, x, op, out)
+            except MPI.Exception as e:
+                self._mpi_error("all_reduce", e)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -203,7 +206,10 @@ class Communicator:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast
         if fast is not None and not async_op and _get_ident() == self._owner:
-            result = _direct.broadcast(fast, x, root)
+            try:
+                result = _direct.broadcast(fast, x, root)
+            except MPI.Exception as e:
+                self._mpi_error("broadcast", e)
             if result is not NotImplemented:
                 return result
         given = x
@@ -520,6 +526,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(pending.call, e)
 
     def _run(
         self,
@@ -573,6 +581,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(call, e)
         finally:
             books.token.append(None)
 
@@ -582,6 +592,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(pending.call, e)
 
     def _synchronize(self, pending: Pending) -> None:
         try:
@@ -589,6 +601,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(pending.call, e)
 
     def _fatal(self, error: CollectivesError) -> None:
         """A wait that timed out, or a backend that raises the error that ended it (and keeps
@@ -598,6 +612,17 @@ class Communicator:
             self._impl, "failure", None
         ):
             self._die(error)
+
+    def _mpi_error(self, call: str, error: MPI.Exception) -> NoReturn:
+        """An MPI error raised as a ``CollectivesError`` naming the call and the error; the
+        communicator is dead (MPI leaves it in no known state), and the other ranks are told."""
+        wrapped = CollectivesError(
+            f"{call}: MPI error {error.Get_error_class()} on rank {self.rank}: "
+            f"{error.Get_error_string().strip()}; the communicator is unusable"
+        )
+        wrapped.__cause__ = error
+        self._die(wrapped)
+        raise wrapped  # _die raised already; for the type checker
 
     def _arrive(self, call: str) -> None:
         """Before blocking MPI steps that every rank takes (making communicators): return

@@ -94,3 +94,25 @@ def test_check_mode_off_costs_no_comparison_between_scheduled_calls():
         comm.all_reduce(np.ones(1))
     assert compared == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
     comm.close()
+
+
+def test_an_mpi_error_is_a_library_error_and_ends_the_call_on_every_rank():
+    # Check mode off, the ranks disagree on the count: the receivers' MPI reports a truncation.
+    # Every rank gets a CollectivesError (never mpi4py's MPI.Exception) by its next call.
+    comm = col.init("mpi", timeout=10.0, check=False)
+    x = np.ones(8 if comm.rank == 0 else 4)
+    raised_by = None
+    with pytest.raises(col.CollectivesError) as info:
+        raised_by = "broadcast"
+        comm.broadcast(x, root=0)
+        raised_by = "all_reduce"
+        comm.all_reduce(np.ones(2))
+    message = str(info.value)
+    if raised_by == "broadcast" and comm.rank == 1:
+        assert message.startswith("broadcast: MPI error "), message
+        assert "the communicator is unusable" in message
+        assert isinstance(info.value.__cause__, MPI.Exception)
+    with pytest.raises(col.CommunicatorStateError):
+        comm.barrier()  # dead on every rank: nobody goes on as if nothing happened
+    MPI.COMM_WORLD.Barrier()
+    comm.close()
