@@ -116,3 +116,23 @@ def test_an_mpi_error_is_a_library_error_and_ends_the_call_on_every_rank():
         comm.barrier()  # dead on every rank: nobody goes on as if nothing happened
     MPI.COMM_WORLD.Barrier()
     comm.close()
+
+
+def test_a_timeout_names_the_ranks_that_issued_the_call_but_wait_in_no_call():
+    # As DDP's buckets: every rank issued collective #1; rank 1 then stops waiting (busy, or
+    # stopped), so the timeout on rank 0 must name it, not say that every rank reached it.
+    comm = col.init("mpi", timeout=20.0)
+    board = comm._progress
+    board.slots[board.local_rank] = 7  # as after issuing collective #7
+    comm.mpi_comm.Barrier()
+    if comm.rank == 0:
+        board.waiting("all_reduce (shape (4,), float32)")
+        report = comm.progress_report()
+        assert "Every rank on this node has reached collective #7." in report
+        assert (
+            "Ranks that have issued collective #7 but wait in no call (stopped, or busy "
+            "outside the library; or inside a blocking MPI call): rank 1." in report
+        ), report
+        board.done_waiting()
+    comm.mpi_comm.Barrier()
+    comm.close()
