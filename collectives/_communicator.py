@@ -99,6 +99,7 @@ class Communicator:
         self._owner_thread = threading.current_thread()
         self._owner: int | None = self._owner_thread.ident
         self._unusable: CollectivesError | None = None
+        self._failed = False  # declared failed, here or by another rank
         # The backend again where it is the MPI one, which stages device arrays through the host
         # and runs the direct path.
         self._mpi: MpiBackend | None = impl if isinstance(impl, MpiBackend) else None
@@ -461,8 +462,6 @@ class Communicator:
         """Tear the communicator down without waiting for operations in flight."""
         if isinstance(self._unusable, _Closed):
             return
-        if self._unusable is None and self._books.checker is not None:
-            self._books.checker.announce(f"rank {self.rank} aborted it")
         self._unusable = _Closed("communicator was aborted")
         self._fast = None
         self._impl.abort()
@@ -650,6 +649,7 @@ class Communicator:
         tell the other ranks unless they told this one."""
         if self._unusable is None:
             self._unusable = error
+            self._failed = True
             self._fast = None
             _exit.failed(error, self.timeout)
             guard = self._books.checker
@@ -697,7 +697,7 @@ class Communicator:
         if self.mpi_comm != MPI.COMM_NULL and not getattr(self._impl, "unfinished", False):
             self.mpi_comm.Free()
         if self._books.checker is not None:
-            self._books.checker.close()
+            self._books.checker.close(failed=self._failed)
 
     def _op(self, call: str, op: Any, name: str) -> ReduceOp:
         op = parse_op(op, call)

@@ -42,6 +42,7 @@ PERIOD = 1024  # then powers of two up to this, then every PERIOD-th
 _NOTICE_BYTES = 512
 _TAG = 7
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # notices whose receive is posted
+_LEFT: list[MPI.Comm] = []  # notice communicators not freed: a message may still come
 
 
 def next_check(nth: int) -> int:
@@ -133,16 +134,29 @@ class FailureNotice:
             self.request = None
         _OPEN.discard(self)
 
-    def close(self) -> None:
+    def close(self, failed: bool) -> None:
+        """Stop listening and free the communicator, unless a message may still come for it
+        (``failed``, or a notice came or went): Open MPI crashes on a message that finds its
+        communicator freed, so that one is left to ``MPI_Finalize``."""
+        arrived = self.failure()
         self.cancel()
+        leave = failed or arrived is not None or bool(self.sent)
         # A notice not yet delivered stays with MPI (freed requests complete on their own).
         for request in self.sent:
             if not request.Test():
                 request.Free()
         self.sent = []
-        if self.mpi != MPI.COMM_NULL:
+        if self.mpi == MPI.COMM_NULL:
+            return
+        if leave:
+            _LEFT.append(self.mpi)
+        else:
+            status = MPI.Status()
+            while self.mpi.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):  # an arrival's knock
+                scratch = bytearray(max(status.Get_count(MPI.BYTE), 1))
+                self.mpi.Recv([scratch, MPI.BYTE], status.Get_source(), status.Get_tag())
             self.mpi.Free()
-            self.mpi = MPI.COMM_NULL
+        self.mpi = MPI.COMM_NULL
 
 
 class Guard:
@@ -201,7 +215,7 @@ class Guard:
     def announce(self, text: str) -> None:
         self.notice.announce(text)
 
-    def close(self) -> None:
-        self.notice.close()
+    def close(self, failed: bool = False) -> None:
+        self.notice.close(failed)
         if self.checker is not None:
             self.checker.close()
