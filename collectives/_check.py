@@ -21,6 +21,7 @@ read (it cannot pass the next check before this rank has written its word there)
 from __future__ import annotations
 
 import ast
+import time
 import zlib
 from typing import Any
 
@@ -34,6 +35,7 @@ from ._work import Pending
 #: calls between two ranks only: there is nothing to compare across the whole communicator
 POINT_TO_POINT = frozenset({"send", "recv"})
 _DESCRIPTION = 512  # bytes of one rank's description of its call, as exchanged
+_LEFT: list = []  # private communicators not freed: a comparison may still be in flight
 
 
 def describe_call(seq: int, call: str, shape: Any, dtype: Any, root: Any, op: Any) -> dict:
@@ -229,12 +231,24 @@ class Checker:
         descriptions = [ast.literal_eval(bytes(row).decode().strip()) for row in every]
         raise CollectiveMismatchError(f"{call}: {mismatch_message(descriptions)}")
 
-    def close(self) -> None:
-        # A request still active (a check that timed out) cannot be freed; MPI keeps it.
-        if self._active is not None and self._active is not self._request:
-            self._active = None  # a posted Iallreduce: MPI finishes it on its own
-        if self._request is not None and self._request.Test():
+    def close(self, failed: bool = False) -> None:
+        """Free the private communicator once no comparison is in flight on it: one posted
+        (check mode off overlaps them with calls) is first waited for, at most the timeout;
+        one that cannot complete (``failed``, or past that) leaves the communicator to
+        ``MPI_Finalize``, since Open MPI crashes when a freed one's request progresses."""
+        active, self._active = self._active, None
+        if active is not None and not failed:
+            deadline = time.monotonic() + self.comm.timeout
+            while not active.Test() and time.monotonic() < deadline:
+                time.sleep(1e-4)
+        settled = active is None or (not failed and active.Test())
+        if settled and self._request is not None and self._request.Test():
             self._request.Free()
             self._request = None
-        if self.mpi != MPI.COMM_NULL:
+        if self.mpi == MPI.COMM_NULL:
+            return
+        if settled:
             self.mpi.Free()
+        else:
+            _LEFT.append(self.mpi)
+        self.mpi = MPI.COMM_NULL

@@ -218,4 +218,4 @@ class Guard:
     def close(self, failed: bool = False) -> None:
         self.notice.close(failed)
         if self.checker is not None:
-            self.checker.close()
+            self.checker.close(failed)
