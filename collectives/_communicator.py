@@ -112,9 +112,9 @@ class Communicator:
             self._track = _timeline.TIMELINE.track(
                 f"communicator {_COUNT[0]} ({backend}, size {self.size})"
             )
-        self.check = bool(check)
+        self._check_mode = bool(check)
         if self.size > 1 or check:  # see _guard: failure notices and scheduled checks
-            books.checker = Guard(self, every_call=self.check)
+            books.checker = Guard(self, every_call=self._check_mode)
             books.quiet = self.timeout / 2
         # The books again where the direct path (_direct) applies (MPI, no timeline to draw);
         # _fast is them while it may be used: not inside group(), closed or dead.
@@ -393,7 +393,7 @@ class Communicator:
             child,
             backend=self.backend,
             timeout=self.timeout,
-            check=self.check,
+            check=self._check_mode,
             **extra,
         )
         # A part counts only its own ranks on the node; when the parent's ranks outnumber the

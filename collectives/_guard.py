@@ -14,10 +14,13 @@ more than half its timeout (nothing is done on the other calls, so that they cos
   this communicator (the others waited that long for it), so its call is verified, and refused
   before it is posted: it never completes a call that the others failed.
 - **Mismatches caught by default.** With check mode off, collectives #1 to #8 and then #16,
-  #32, ..., #1024 and every 1024th after are compared across ranks as check mode compares
-  every call (the same numbers on every rank, so every rank checks the same call). A mismatch
-  raises ``CollectiveMismatchError`` on every rank, naming the calls whose results may be
-  wrong (those since the last verified one).
+  #32, ..., #1024 and every 1024th after are compared across ranks (the same numbers on every
+  rank). The comparison overlaps the call: its all-reduce of fingerprints (check mode's, over
+  MPI on a private communicator) is posted before the call and read at the next collective,
+  so a rank that never comes makes the call itself time out, as it would unchecked. A
+  mismatch raises ``CollectiveMismatchError`` on every rank at that next collective (which
+  no rank then makes), naming the calls whose results may be wrong: those since the last
+  comparison that passed. In check mode every call is compared before it is made.
 
 Example:
     >>> [n for n in range(1, 5000) if scheduled(n)][:12]
