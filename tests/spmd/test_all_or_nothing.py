@@ -136,3 +136,38 @@ def test_a_timeout_names_the_ranks_that_issued_the_call_but_wait_in_no_call():
         board.done_waiting()
     comm.mpi_comm.Barrier()
     comm.close()
+
+
+@pytest.mark.parametrize(
+    "call", ["all_reduce", "all_reduce_avg", "all_reduce_out", "reduce", "broadcast"]
+)
+def test_a_call_above_the_count_one_mpi_call_takes_is_made_in_parts(monkeypatch, call, backend, xp):
+    # As with 2**31 elements where counts are C ints (Open MPI 5), at a limit of 5 elements
+    from collectives import _mpi
+
+    monkeypatch.setattr(_mpi, "MAX_COUNT", 5)
+    comm = col.init(backend, timeout=20.0)
+    if comm.backend != "mpi":
+        comm.close()
+        pytest.skip("the parts are the MPI backend's")
+    size, rank = comm.size, comm.rank
+    mine = np.arange(23.0).reshape(23, 1) * (rank + 1)
+    x = xp.asarray(mine)
+    total = np.arange(23.0).reshape(23, 1) * size * (size + 1) / 2
+    if call == "all_reduce":
+        got, want = comm.all_reduce(x, async_op=True).wait(), total
+    elif call == "all_reduce_avg":
+        got, want = comm.all_reduce(x, op="avg", async_op=True).wait(), total / size
+    elif call == "all_reduce_out":
+        got = comm.all_reduce(x, out=xp.empty_like(x), async_op=True).wait()
+        want = total
+        np.testing.assert_array_equal(x.get() if hasattr(x, "get") else x, mine)  # x unchanged
+    elif call == "reduce":
+        got, want = comm.reduce(x, root=size - 1, async_op=True).wait(), total
+        if rank != size - 1:
+            want = mine
+    else:
+        got, want = comm.broadcast(x, root=0, async_op=True).wait(), np.arange(23.0).reshape(23, 1)
+    np.testing.assert_array_equal(got.get() if hasattr(got, "get") else got, want)
+    assert [c["state"] for c in comm.flight_record()] == ["completed"]
+    comm.close()
