@@ -61,13 +61,17 @@ def distinct_twin(out: Any, x: Any) -> bool:
     )
 
 
+#: elements above which the Python path leaves a call to the general one (``_mpi.MAX_COUNT``)
+_LARGE = 2**31 - 1
+
+
 def _all_reduce(books: CallBooks, x: Any, op: Any, out: Any) -> Any:
     if type(x) is not np.ndarray or type(op) not in _OP_TYPES:
         return NotImplemented
     types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
     flags = x.flags
-    if types is None or ops is None or not flags.c_contiguous:
-        return NotImplemented
+    if types is None or ops is None or not flags.c_contiguous or x.size > _LARGE:
+        return NotImplemented  # (a count above what one call takes: the general path's parts)
     name, t = types
     source: Any
     if out is None or out is x:
@@ -89,7 +93,7 @@ def _broadcast(books: CallBooks, x: Any, root: Any) -> Any:
         return NotImplemented
     types = FAST_TYPE.get(x.dtype)
     flags = x.flags
-    if types is None or not flags.c_contiguous or not 0 <= root < books.size:
+    if types is None or not flags.c_contiguous or not 0 <= root < books.size or x.size > _LARGE:
         return NotImplemented
     if not flags.writeable and root != books.rank:  # the root only reads x
         return NotImplemented
