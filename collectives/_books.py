@@ -66,6 +66,9 @@ class CallBooks:
         handle, rank, size, blocking: the direct path's MPI communicator (in the form
             ``_direct.handle`` gives), this rank and the size, and whether its calls are
             blocking MPI calls.
+        owner: ``threading.get_ident()`` of the thread that owns the communicator (0: none
+            known yet); the direct path leaves any other thread's call to the general path,
+            which refuses it.
     """
 
     __slots__ = (
@@ -85,6 +88,7 @@ class CallBooks:
         "next_check",
         "last_call",
         "quiet",
+        "owner",
     )
 
     def __init__(
@@ -113,6 +117,7 @@ class CallBooks:
         self.next_check = 1
         self.last_call = monotonic()
         self.quiet = float("inf")
+        self.owner = 0
 
     def take(self, call: str) -> None:
         """Take the token, or raise ``CommunicatorStateError`` naming ``call``."""

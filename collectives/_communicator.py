@@ -88,6 +88,7 @@ class Communicator:
             self.size,
         )
         self.recorder = books.recorder
+        books.owner = threading.get_ident()
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
@@ -163,7 +164,7 @@ class Communicator:
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
         fast = self._fast
-        if fast is not None and not async_op and _get_ident() == self._owner:
+        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
             try:
                 result = _direct.all_reduce(fast, x, op, out)
             except MPI.Exception as e:
@@ -206,7 +207,7 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast
-        if fast is not None and not async_op and _get_ident() == self._owner:
+        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
             try:
                 result = _direct.broadcast(fast, x, root)
             except MPI.Exception as e:
@@ -423,6 +424,7 @@ class Communicator:
         if not self._books.token:
             raise CommunicatorStateError(f"hand_over: {IN_USE}")
         self._owner_thread, self._owner = thread, thread.ident
+        self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
 
     @property
     def owner(self) -> threading.Thread:
@@ -436,7 +438,7 @@ class Communicator:
             return
         owner = self._owner_thread
         if self._owner is None and owner.ident == ident:  # handed over before it started
-            self._owner = ident
+            self._owner = self._books.owner = ident
             return
         raise CommunicatorStateError(
             f"{call}: called from thread {threading.current_thread().name!r}, but the "

@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import weakref
+from threading import get_ident
 from time import monotonic, sleep
 from typing import Any
 
@@ -114,6 +115,8 @@ def _run(
     args: tuple,
 ) -> Any:
     """Steps 1 to 5 of :mod:`._books` for one call; ``_fastmpi.c``'s ``run`` is its C twin."""
+    if get_ident() != books.owner:
+        return NotImplemented  # not the owner thread's call: the general path refuses it
     token = books.token
     try:
         token.pop()

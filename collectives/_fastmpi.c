@@ -75,10 +75,11 @@ static PyObject *s_dtype, *s_shape, *s_verify, *s_append, *s_pop, *s_all_reduce,
  * as the descriptor itself would, without an attribute lookup per field. */
 enum { F_TOKEN, F_SEQ, F_P2P, F_SLOTS, F_SLOT, F_CHECKER, F_RECORDER, F_YIELD_AFTER,
        F_WAIT_LONG, F_HANDLE, F_RANK, F_SIZE, F_BLOCKING, F_NEXT_CHECK, F_LAST_CALL, F_QUIET,
-       F_COUNT };
+       F_OWNER, F_COUNT };
 static const char *const field_names[F_COUNT] = {
     "token",     "seq",    "p2p",  "slots", "slot",     "checker",    "recorder",  "yield_after",
-    "wait_long", "handle", "rank", "size",  "blocking", "next_check", "last_call", "quiet"};
+    "wait_long", "handle", "rank", "size",  "blocking", "next_check", "last_call", "quiet",
+    "owner"};
 static Py_ssize_t field_offsets[F_COUNT];
 
 /* books.<field>, a new reference, or NULL with AttributeError where it was never set. */
@@ -387,9 +388,19 @@ static PyObject *NotImplemented(void)
     Py_RETURN_NOTIMPLEMENTED; /* a count this ABI's calls cannot take: the general path's */
 }
 
-/* The thread guard around begin() and post_and_wait(). NotImplemented: the token is taken. */
+/* The thread guards around begin() and post_and_wait(). NotImplemented: not the owner
+ * thread, or the token is taken. */
 static PyObject *run(const Call *c, PyObject *result)
 {
+    PyObject *owner = field(c->books, F_OWNER);
+    if (owner == NULL)
+        return NULL;
+    unsigned long owner_id = PyLong_AsUnsignedLongMask(owner);
+    Py_DECREF(owner);
+    if (owner_id == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    if (owner_id != PyThread_get_thread_ident())
+        Py_RETURN_NOTIMPLEMENTED; /* not the owner thread's call: the general path refuses it */
     PyObject *token = field(c->books, F_TOKEN);
     if (token == NULL)
         return NULL;
