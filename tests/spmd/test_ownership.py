@@ -123,3 +123,13 @@ def test_two_threads_racing_on_one_communicator_never_give_a_wrong_sum(comm, xp)
     thread.join(60)
     assert sums == [float(comm.size)] * n
     assert len(refused) == n
+
+
+def test_work_issued_by_the_owner_may_be_waited_on_from_another_thread(comm, xp):
+    x = xp.full(2, comm.rank + 1.0)
+    work = comm.all_reduce(x, async_op=True)
+    got: list = []
+    assert _in_thread(lambda: got.append(work.wait())) is None
+    result = got[0]
+    np.testing.assert_array_equal(result.get() if hasattr(result, "get") else result,
+                                  comm.size * (comm.size + 1) / 2)  # fmt: skip
