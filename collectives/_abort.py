@@ -18,7 +18,8 @@ from mpi4py import MPI
 
 
 def abort_on_exception(exit_code: int = 1) -> None:
-    """Make an uncaught exception on this rank print once and ``MPI_Abort`` the whole job.
+    """Make an uncaught exception on this rank print once and ``MPI_Abort`` the whole job;
+    so do ``sys.exit(n)`` with ``n`` not 0 and leaving with a failed communicator (:mod:`._exit`).
 
     On by default when the world has more than one rank (see :func:`install_default`);
     calling it again changes nothing.
@@ -45,6 +46,9 @@ def abort_on_exception(exit_code: int = 1) -> None:
 
     hook._aborts_the_job = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+    from ._exit import install
+
+    install()  # sys.exit(n), and leaving with a failed communicator, end the job too
 
 
 def _let_the_launcher_read_stderr(limit: float = 1.0) -> None:

@@ -5,7 +5,7 @@ Each call, whichever path runs it, does the same in this order:
 1. take the thread ``token`` (one thread at a time per communicator; a second one is refused);
 2. :meth:`CallBooks.number` it: ``seq`` counts every call; a collective also gets its number
    among collectives, ``seq - p2p``, written to this rank's progress-board ``slots[slot]`` and,
-   in check mode, compared across ranks by ``checker``;
+   when due (:mod:`._guard`), verified by ``checker``;
 3. append a flight-recorder entry to ``recorder``;
 4. post the call and wait for it (past ``yield_after`` of polling, under the timeout);
 5. stamp the entry's end and give the token back.
@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import collections
+from time import monotonic
 from typing import Any, Callable
 
 from ._check import POINT_TO_POINT
@@ -55,7 +56,9 @@ class CallBooks:
             numbered apart (``seq - p2p``) because ranks that pair up for send/recv make
             different numbers of them.
         slots, slot: the progress board's words (64-bit ints) and this rank's index there.
-        checker: check mode's ``Checker``, or None.
+        checker: the ``Guard`` (:mod:`._guard`), or None; called for a collective when
+            ``next_check`` (a collective number) is due, or when more than ``quiet`` seconds
+            passed since ``last_call`` (the monotonic time of the last collective).
         recorder: the flight recorder, the last calls (entries or pendings).
         yield_after: seconds of polling before a waiting rank yields its core.
         wait_long: ``wait_long(request, entry, arrays)`` waits for a direct-path call that
@@ -63,6 +66,9 @@ class CallBooks:
         handle, rank, size, blocking: the direct path's MPI communicator (in the form
             ``_direct.handle`` gives), this rank and the size, and whether its calls are
             blocking MPI calls.
+        owner: ``threading.get_ident()`` of the thread that owns the communicator (0: none
+            known yet); the direct path leaves any other thread's call to the general path,
+            which refuses it.
     """
 
     __slots__ = (
@@ -79,6 +85,10 @@ class CallBooks:
         "rank",
         "size",
         "blocking",
+        "next_check",
+        "last_call",
+        "quiet",
+        "owner",
     )
 
     def __init__(
@@ -104,6 +114,10 @@ class CallBooks:
         self.rank = rank
         self.size = size
         self.blocking = False
+        self.next_check = 1
+        self.last_call = monotonic()
+        self.quiet = float("inf")
+        self.owner = 0
 
     def take(self, call: str) -> None:
         """Take the token, or raise ``CommunicatorStateError`` naming ``call``."""
@@ -119,6 +133,10 @@ class CallBooks:
             self.p2p += 1
         else:
             self.slots[self.slot] = nth = seq - self.p2p
-            if self.checker is not None:
-                self.checker.verify(nth, call, array, name, op, root)
+            checker = self.checker
+            if checker is not None:
+                now, last = monotonic(), self.last_call
+                self.last_call = now
+                if nth >= self.next_check or now - last > self.quiet:
+                    checker.verify(nth, call, array, name, op, root)
         return seq

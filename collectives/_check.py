@@ -20,6 +20,8 @@ read (it cannot pass the next check before this rank has written its word there)
 
 from __future__ import annotations
 
+import ast
+import time
 import zlib
 from typing import Any
 
@@ -32,6 +34,8 @@ from ._work import Pending
 
 #: calls between two ranks only: there is nothing to compare across the whole communicator
 POINT_TO_POINT = frozenset({"send", "recv"})
+_DESCRIPTION = 512  # bytes of one rank's description of its call, as exchanged
+_LEFT: list = []  # private communicators not freed: a comparison may still be in flight
 
 
 def describe_call(seq: int, call: str, shape: Any, dtype: Any, root: Any, op: Any) -> dict:
@@ -77,6 +81,8 @@ class Checker:
         self._spec = [self.buffer, MPI.INT64_T]
         self._hashes: dict[tuple, int] = {}
         self._request: MPI.Prequest | None = None
+        self._active: MPI.Request | None = None  # the comparison in flight over MPI
+        self._posted: tuple | None = None  # what post() compares, for finish()
         board = comm._progress
         self._board: Any = None  # the shared slots, when the whole communicator is on one node
         if shared_memory and board is not None and len(board.members) == comm.size:
@@ -99,6 +105,41 @@ class Checker:
             raise
 
     def _verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
+        shape, fp = self._fingerprint(seq, call, array, name, op, root)
+        if self._board is not None:
+            if self._all_posted_the_same(seq, ((seq & 0x7FFFFFFF) << 32) | fp, call):
+                return
+            self._raise_mismatch(seq, call, shape, name, root, op)
+        self._start(fp)
+        if not self._finish(seq, call):
+            self._raise_mismatch(seq, call, shape, name, root, op)
+
+    def post(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
+        """Start comparing this call over MPI without waiting; :meth:`finish` (on every rank
+        at the same later call) waits for the comparison and raises on a mismatch."""
+        shape, fp = self._fingerprint(seq, call, array, name, op, root)
+        self._posted = (seq, call, shape, name, root, op)
+        self._start(fp)
+
+    def finish(self) -> int | None:
+        """The number of the call :meth:`post` compared, once compared equal (None: nothing
+        was posted); raises ``CollectiveMismatchError`` on every rank otherwise."""
+        posted, self._posted = self._posted, None
+        if posted is None:
+            return None
+        seq, call, shape, name, root, op = posted
+        try:
+            same = self._finish(seq, call)
+        except CollectiveTimeoutError as e:
+            self.comm._fatal(e)
+            raise
+        if not same:
+            self._raise_mismatch(seq, call, shape, name, root, op)
+        return seq
+
+    def _fingerprint(
+        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any
+    ) -> tuple[Any, int]:
         shape = None if array is None else array.shape
         if call == "scatter" and root == self.rank and shape is not None:
             shape = shape[1:]  # root holds the whole (size, *shape) array
@@ -111,11 +152,10 @@ class Checker:
             fixed = zlib.crc32(f"{call}|{shape}|{name}|{root}|{code}".encode())
             if len(self._hashes) < 4096:
                 self._hashes[key] = fixed
-        fp = fixed ^ ((seq * 0x9E3779B1) & 0xFFFFFFFF)
-        if self._board is not None:
-            if self._all_posted_the_same(seq, ((seq & 0x7FFFFFFF) << 32) | fp, call):
-                return
-            self._raise_mismatch(seq, call, shape, name, root, op)
+        return shape, fixed ^ ((seq * 0x9E3779B1) & 0xFFFFFFFF)
+
+    def _start(self, fp: int) -> None:
+        """Post the all-reduce of ``(fp, -fp)`` with MAX."""
         slots = self._slots
         slots[0] = fp
         slots[1] = -fp
@@ -124,6 +164,13 @@ class Checker:
             request.Start()
         else:
             request = self.mpi.Iallreduce(MPI.IN_PLACE, self._spec, MPI.MAX)
+        self._active = request
+
+    def _finish(self, seq: int, call: str) -> bool:
+        """Wait (under the timeout) for the all-reduce :meth:`_start` posted; whether every
+        rank's fingerprint was the same."""
+        request, self._active = self._active, None
+        assert request is not None
         test = request.Test
         polls = 0
         while not test():
@@ -133,9 +180,8 @@ class Checker:
                 pending.info = _waiting_info(seq, call)
                 pending.synchronize(self.comm)
                 break
-        if slots[0] == -slots[1]:
-            return
-        self._raise_mismatch(seq, call, shape, name, root, op)
+        slots = self._slots
+        return slots[0] == -slots[1]
 
     def _all_posted_the_same(self, seq: int, word: int, call: str) -> bool:
         """Post ``word`` on the board; True when every other rank posts the same word."""
@@ -171,13 +217,38 @@ class Checker:
     ) -> None:
         """Every rank found a difference: exchange descriptions and raise the same error."""
         fields = describe_call(seq, call, shape, name, root, op)
-        descriptions = self.mpi.allgather(fields)
+        # Non-blocking and under the timeout: a rank that died meanwhile must not hang the others.
+        mine = np.frombuffer(repr(fields).encode()[:_DESCRIPTION].ljust(_DESCRIPTION), np.uint8)
+        every = np.empty((self.comm.size, _DESCRIPTION), np.uint8)
+        request = self.mpi.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
+        pending = MpiPending(request, (mine, every))
+        pending.info = (seq, f"exchange of descriptions after a mismatch at {call}", None, None)
+        try:
+            pending.synchronize(self.comm)
+        except CollectiveTimeoutError as e:
+            self.comm._fatal(e)
+            raise
+        descriptions = [ast.literal_eval(bytes(row).decode().strip()) for row in every]
         raise CollectiveMismatchError(f"{call}: {mismatch_message(descriptions)}")
 
-    def close(self) -> None:
-        # A request still active (a check that timed out) cannot be freed; MPI keeps it.
-        if self._request is not None and self._request.Test():
+    def close(self, failed: bool = False) -> None:
+        """Free the private communicator once no comparison is in flight on it: one posted
+        (check mode off overlaps them with calls) is first waited for, at most the timeout;
+        one that cannot complete (``failed``, or past that) leaves the communicator to
+        ``MPI_Finalize``, since Open MPI crashes when a freed one's request progresses."""
+        active, self._active = self._active, None
+        if active is not None and not failed:
+            deadline = time.monotonic() + self.comm.timeout
+            while not active.Test() and time.monotonic() < deadline:
+                time.sleep(1e-4)
+        settled = active is None or (not failed and active.Test())
+        if settled and self._request is not None and self._request.Test():
             self._request.Free()
             self._request = None
-        if self.mpi != MPI.COMM_NULL:
+        if self.mpi == MPI.COMM_NULL:
+            return
+        if settled:
             self.mpi.Free()
+        else:
+            _LEFT.append(self.mpi)
+        self.mpi = MPI.COMM_NULL

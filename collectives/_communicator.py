@@ -15,16 +15,15 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct, _timeline
+from . import _direct, _exit, _timeline
 from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
 from ._backend import Backend, Verb
 from ._books import IN_USE, CallBooks
-from ._check import Checker
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import (
@@ -33,12 +32,15 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
+from ._guard import Guard
+from ._handshake import arrive
 from ._mpi import MpiBackend, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
 from ._work import Pending, Work, recorded
 
 RECORDER_LENGTH = 64
+_get_ident = threading.get_ident
 _HOST = frozenset({np.ndarray, type(None)})
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
@@ -86,13 +88,19 @@ class Communicator:
             self.size,
         )
         self.recorder = books.recorder
+        books.owner = threading.get_ident()
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
         self.timeout = float(timeout)
         self._group: list | None = None
-        self._group_owner = 0
+        # One owner thread: a call from any other thread is refused on every rank alike (a
+        # refusal decided by which thread got there first would differ between ranks, and
+        # match one thread's call with another's).
+        self._owner_thread = threading.current_thread()
+        self._owner: int | None = self._owner_thread.ident
         self._unusable: CollectivesError | None = None
+        self._failed = False  # declared failed, here or by another rank
         # The backend again where it is the MPI one, which stages device arrays through the host
         # and runs the direct path.
         self._mpi: MpiBackend | None = impl if isinstance(impl, MpiBackend) else None
@@ -105,8 +113,10 @@ class Communicator:
             self._track = _timeline.TIMELINE.track(
                 f"communicator {_COUNT[0]} ({backend}, size {self.size})"
             )
-        if check:
-            books.checker = Checker(self)
+        self._check_mode = bool(check)
+        if self.size > 1 or check:  # see _guard: failure notices and scheduled checks
+            books.checker = Guard(self, every_call=self._check_mode)
+            books.quiet = self.timeout / 2
         # The books again where the direct path (_direct) applies (MPI, no timeline to draw);
         # _fast is them while it may be used: not inside group(), closed or dead.
         self._direct: CallBooks | None = None
@@ -154,8 +164,11 @@ class Communicator:
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
         fast = self._fast
-        if fast is not None and not async_op:
-            result = _direct.all_reduce(fast, x, op, out)
+        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
+            try:
+                result = _direct.all_reduce(fast, x, op, out)
+            except MPI.Exception as e:
+                self._mpi_error("all_reduce", e)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -194,8 +207,11 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast
-        if fast is not None and not async_op:
-            result = _direct.broadcast(fast, x, root)
+        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
+            try:
+                result = _direct.broadcast(fast, x, root)
+            except MPI.Exception as e:
+                self._mpi_error("broadcast", e)
             if result is not NotImplemented:
                 return result
         given = x
@@ -330,9 +346,9 @@ class Communicator:
             yield self
             return
         self._usable("group")
+        self._own("group")
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
-        self._group_owner = threading.get_ident()
         self._group = []
         self._fast = None
         failed = True
@@ -356,11 +372,19 @@ class Communicator:
         Every rank must call it. Ranks are ordered by ``key`` (default: current rank).
         """
         self._usable("split")
-        if color is not None and (not isinstance(color, int) or color < 0):
+        self._own("split")
+        if color is not None and (type(color) is not int or color < 0):
             raise InvalidArgumentError(
                 f"split: color must be a non-negative int or None, got {color!r}"
             )
+        if key is not None and (type(key) is not int or not -(2**31) <= key < 2**31):
+            raise InvalidArgumentError(
+                f"split: key must be an int in [-2**31, 2**31) or None, got {key!r}"
+            )
+        if color is not None and color >= 2**31:
+            raise InvalidArgumentError(f"split: color must be below 2**31, got {color!r}")
         key = self.rank if key is None else key
+        self._arrive("split")
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
         impl, extra = self._impl.split(child, color, key)
         if child == MPI.COMM_NULL:
@@ -370,13 +394,58 @@ class Communicator:
             child,
             backend=self.backend,
             timeout=self.timeout,
-            check=self._books.checker is not None,
+            check=self._check_mode,
             **extra,
         )
         # A part counts only its own ranks on the node; when the parent's ranks outnumber the
         # cores, a waiting rank of the part must yield its core as early as the parent's.
         sub._books.yield_after = min(sub._books.yield_after, self._books.yield_after)
         return sub
+
+    def hand_over(self, thread: threading.Thread) -> None:
+        """Make ``thread`` the only one that may issue calls on this communicator from now on.
+
+        A communicator belongs to the thread that made it; a call from any other thread raises
+        ``CommunicatorStateError`` (on every rank alike, before any communication). Only the
+        owner may hand it over, between calls (async work it issued may still be waited on from
+        any thread); every rank should hand it over at the same point of its program. Local:
+        nothing is communicated.
+
+        Example:
+            >>> worker = threading.Thread(target=train, args=(comm,))
+            >>> comm.hand_over(worker)     # before worker.start() is fine
+            >>> worker.start()
+        """
+        if not isinstance(thread, threading.Thread):
+            raise InvalidArgumentError(
+                f"hand_over: thread must be a threading.Thread, got {type(thread).__name__}"
+            )
+        self._own("hand_over")
+        if not self._books.token:
+            raise CommunicatorStateError(f"hand_over: {IN_USE}")
+        self._owner_thread, self._owner = thread, thread.ident
+        self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
+
+    @property
+    def owner(self) -> threading.Thread:
+        """The thread that may issue calls on this communicator (see :meth:`hand_over`)."""
+        return self._owner_thread
+
+    def _own(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` unless the calling thread owns the communicator."""
+        ident = _get_ident()
+        if ident == self._owner:
+            return
+        owner = self._owner_thread
+        if self._owner is None and owner.ident == ident:  # handed over before it started
+            self._owner = self._books.owner = ident
+            return
+        raise CommunicatorStateError(
+            f"{call}: called from thread {threading.current_thread().name!r}, but the "
+            f"communicator belongs to thread {owner.name!r} (the thread that made it, or that "
+            "comm.hand_over() gave it to); every rank refuses such a call alike, so that no "
+            "rank matches one thread's call with another thread's"
+        )
 
     def close(self) -> None:
         """Free the communicator, once the calls in flight have finished (waiting at most the
@@ -458,6 +527,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(pending.call, e)
 
     def _run(
         self,
@@ -473,6 +544,8 @@ class Communicator:
     ) -> Any:
         if self._unusable is not None:
             raise self._unusable_error(call)
+        if _get_ident() != self._owner:
+            self._own(call)
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
         if type(out) is np.ndarray and not out.flags.writeable:
@@ -483,8 +556,6 @@ class Communicator:
         books = self._books
         books.take(call)
         try:
-            if self._group is not None and self._group_owner != threading.get_ident():
-                raise CommunicatorStateError(f"{call}: {IN_USE}")
             array = x if x is not None else out
             seq = books.number(call, array, name, op, root)
             stager = self._mpi
@@ -511,6 +582,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(call, e)
         finally:
             books.token.append(None)
 
@@ -520,6 +593,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(pending.call, e)
 
     def _synchronize(self, pending: Pending) -> None:
         try:
@@ -527,6 +602,8 @@ class Communicator:
         except CollectivesError as e:
             self._fatal(e)
             raise
+        except MPI.Exception as e:
+            self._mpi_error(pending.call, e)
 
     def _fatal(self, error: CollectivesError) -> None:
         """A wait that timed out, or a backend that raises the error that ended it (and keeps
@@ -537,11 +614,50 @@ class Communicator:
         ):
             self._die(error)
 
-    def _die(self, error: CollectivesError) -> None:
-        """Mark the communicator dead after a timeout, abort the backend, raise ``error``."""
+    def _mpi_error(self, call: str, error: MPI.Exception) -> NoReturn:
+        """An MPI error raised as a ``CollectivesError`` naming the call and the error; the
+        communicator is dead (MPI leaves it in no known state), and the other ranks are told."""
+        wrapped = CollectivesError(
+            f"{call}: MPI error {error.Get_error_class()} on rank {self.rank}: "
+            f"{error.Get_error_string().strip()}; the communicator is unusable"
+        )
+        wrapped.__cause__ = error
+        self._die(wrapped)
+        raise wrapped  # _die raised already; for the type checker
+
+    def _arrive(self, call: str) -> None:
+        """Before blocking MPI steps that every rank takes (making communicators): return
+        once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
+        not, the communicator dead (:mod:`._handshake`)."""
+        guard = self._books.checker
+        try:  # on the guard's private communicator: no user message can match it
+            if guard is None:
+                arrive(self.mpi_comm, call, self.timeout)
+            else:
+                arrive(guard.notice.mpi, call, self.timeout, stamp=guard.notice.id)
+        except CollectiveTimeoutError as e:
+            self._die(e)
+
+    def _check_peers(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
+        it failed (:mod:`._guard`)."""
+        guard = self._books.checker
+        text = None if guard is None or self._unusable is not None else guard.failure()
+        if text is not None:
+            self._die(CommunicatorStateError(f"{call}: communicator is unusable: {text}"), False)
+
+    def _die(self, error: CollectivesError, announce: bool = True) -> None:
+        """Mark the communicator dead after a timeout, abort the backend, raise ``error``;
+        tell the other ranks unless they told this one."""
         if self._unusable is None:
             self._unusable = error
+            self._failed = True
             self._fast = None
+            _exit.failed(error, self.timeout)
+            guard = self._books.checker
+            if announce and guard is not None:
+                world = self._world_ranks[self.rank]
+                guard.announce(f"rank {self.rank} (world rank {world}) declared it failed: {error}")
             self._dump_flight_record()
             self._impl.abort()
         raise error
@@ -583,7 +699,7 @@ class Communicator:
         if self.mpi_comm != MPI.COMM_NULL and not getattr(self._impl, "unfinished", False):
             self.mpi_comm.Free()
         if self._books.checker is not None:
-            self._books.checker.close()
+            self._books.checker.close(failed=self._failed)
 
     def _op(self, call: str, op: Any, name: str) -> ReduceOp:
         op = parse_op(op, call)

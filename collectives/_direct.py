@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import weakref
+from threading import get_ident
 from time import monotonic, sleep
 from typing import Any
 
@@ -61,13 +62,17 @@ def distinct_twin(out: Any, x: Any) -> bool:
     )
 
 
+#: elements above which the Python path leaves a call to the general one (``_mpi.MAX_COUNT``)
+_LARGE = 2**31 - 1
+
+
 def _all_reduce(books: CallBooks, x: Any, op: Any, out: Any) -> Any:
     if type(x) is not np.ndarray or type(op) not in _OP_TYPES:
         return NotImplemented
     types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
     flags = x.flags
-    if types is None or ops is None or not flags.c_contiguous:
-        return NotImplemented
+    if types is None or ops is None or not flags.c_contiguous or x.size > _LARGE:
+        return NotImplemented  # (a count above what one call takes: the general path's parts)
     name, t = types
     source: Any
     if out is None or out is x:
@@ -89,7 +94,7 @@ def _broadcast(books: CallBooks, x: Any, root: Any) -> Any:
         return NotImplemented
     types = FAST_TYPE.get(x.dtype)
     flags = x.flags
-    if types is None or not flags.c_contiguous or not 0 <= root < books.size:
+    if types is None or not flags.c_contiguous or not 0 <= root < books.size or x.size > _LARGE:
         return NotImplemented
     if not flags.writeable and root != books.rank:  # the root only reads x
         return NotImplemented
@@ -110,6 +115,8 @@ def _run(
     args: tuple,
 ) -> Any:
     """Steps 1 to 5 of :mod:`._books` for one call; ``_fastmpi.c``'s ``run`` is its C twin."""
+    if get_ident() != books.owner:
+        return NotImplemented  # not the owner thread's call: the general path refuses it
     token = books.token
     try:
         token.pop()

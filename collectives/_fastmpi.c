@@ -74,10 +74,12 @@ static PyObject *s_dtype, *s_shape, *s_verify, *s_append, *s_pop, *s_all_reduce,
  * descriptor, and a call (whose books are checked to be exactly a CallBooks) reads it there,
  * as the descriptor itself would, without an attribute lookup per field. */
 enum { F_TOKEN, F_SEQ, F_P2P, F_SLOTS, F_SLOT, F_CHECKER, F_RECORDER, F_YIELD_AFTER,
-       F_WAIT_LONG, F_HANDLE, F_RANK, F_SIZE, F_BLOCKING, F_COUNT };
+       F_WAIT_LONG, F_HANDLE, F_RANK, F_SIZE, F_BLOCKING, F_NEXT_CHECK, F_LAST_CALL, F_QUIET,
+       F_OWNER, F_COUNT };
 static const char *const field_names[F_COUNT] = {
-    "token", "seq",       "p2p",    "slots", "slot", "checker", "recorder", "yield_after",
-    "wait_long", "handle", "rank", "size", "blocking"};
+    "token",     "seq",    "p2p",  "slots", "slot",     "checker",    "recorder",  "yield_after",
+    "wait_long", "handle", "rank", "size",  "blocking", "next_check", "last_call", "quiet",
+    "owner"};
 static Py_ssize_t field_offsets[F_COUNT];
 
 /* books.<field>, a new reference, or NULL with AttributeError where it was never set. */
@@ -186,6 +188,34 @@ static int get_long(PyObject *books, int f, long long *value)
     return *value == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* books.<field> as a C double: 0, or -1 with an error set. */
+static int get_double(PyObject *books, int f, double *value)
+{
+    PyObject *v = field(books, f);
+    if (v == NULL)
+        return -1;
+    *value = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return *value == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Whether the guard verifies collective `nth` (CallBooks.number's rule); books.last_call is
+ * set to now. 1, 0, or -1 with an error set. */
+static int due(PyObject *books, long long nth)
+{
+    long long next;
+    double last, quiet, t = now();
+    if (get_long(books, F_NEXT_CHECK, &next) < 0 || get_double(books, F_LAST_CALL, &last) < 0 ||
+        get_double(books, F_QUIET, &quiet) < 0)
+        return -1;
+    PyObject *t_obj = PyFloat_FromDouble(t);
+    if (t_obj == NULL)
+        return -1;
+    set_field(books, F_LAST_CALL, t_obj);
+    Py_DECREF(t_obj);
+    return nth >= next || t - last > quiet;
+}
+
 /* Write this rank's collective number `nth` to books.slots[books.slot]. */
 static int post_progress(PyObject *books, long long nth)
 {
@@ -232,7 +262,13 @@ static PyObject *begin(const Call *c)
         Py_DECREF(seq_new);
         return NULL;
     }
-    if (checker != Py_None) {
+    int verify = checker == Py_None ? 0 : due(c->books, nth);
+    if (verify < 0) {
+        Py_DECREF(checker);
+        Py_DECREF(seq_new);
+        return NULL;
+    }
+    if (verify) {
         PyObject *nth_obj = PyLong_FromLongLong(nth);
         PyObject *r = nth_obj == NULL ? NULL
                                       : PyObject_CallMethodObjArgs(checker, s_verify, nth_obj,
@@ -352,9 +388,19 @@ static PyObject *NotImplemented(void)
     Py_RETURN_NOTIMPLEMENTED; /* a count this ABI's calls cannot take: the general path's */
 }
 
-/* The thread guard around begin() and post_and_wait(). NotImplemented: the token is taken. */
+/* The thread guards around begin() and post_and_wait(). NotImplemented: not the owner
+ * thread, or the token is taken. */
 static PyObject *run(const Call *c, PyObject *result)
 {
+    PyObject *owner = field(c->books, F_OWNER);
+    if (owner == NULL)
+        return NULL;
+    unsigned long owner_id = PyLong_AsUnsignedLongMask(owner);
+    Py_DECREF(owner);
+    if (owner_id == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    if (owner_id != PyThread_get_thread_ident())
+        Py_RETURN_NOTIMPLEMENTED; /* not the owner thread's call: the general path refuses it */
     PyObject *token = field(c->books, F_TOKEN);
     if (token == NULL)
         return NULL;

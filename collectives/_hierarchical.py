@@ -77,6 +77,7 @@ def hierarchical(
         raise InvalidArgumentError(
             f"{_CALL}: ranks_per_node must be a positive int, got {ranks_per_node!r}"
         )
+    comm._arrive(_CALL)  # the node split below blocks: first check that every rank came
     if ranks_per_node is not None:
         nodes = node_layout(emulated_keys(comm.size, ranks_per_node))
     else:

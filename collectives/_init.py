@@ -7,10 +7,12 @@ import warnings
 
 from mpi4py import MPI
 
+from . import _exit
 from ._backend import Backend
 from ._bootstrap import MpiBootstrap
 from ._communicator import Communicator
 from ._errors import BackendUnavailableError, InvalidArgumentError
+from ._handshake import arrive
 from ._mpi import MpiBackend
 from ._nccl_rules import shared_gpu_reason
 
@@ -35,7 +37,9 @@ def init(
             ``NCCL_MULTI_RANK_GPU_ENABLE=1``). Environment ``COLLECTIVES_BACKEND``
             overrides ``"auto"``.
         device: GPU ordinal for NCCL; default ``local_rank % device_count``, made current.
-        timeout: seconds after which an operation that has not completed is declared hung.
+        timeout: seconds after which an operation that has not completed is declared hung;
+            ``init`` itself raises ``CollectiveTimeoutError`` naming the ranks that did not
+            call it within that time.
         check: verify before each call that all ranks make the same call
             (default: environment ``COLLECTIVES_CHECK=1``).
         mpi_blocking: on the MPI backend, make synchronous ``all_reduce`` and ``broadcast``
@@ -76,7 +80,9 @@ def init(
             f"init: mpi_blocking must be True, False or None, got {mpi_blocking!r}"
         )
 
+    arrive(MPI.COMM_WORLD, "init", timeout)  # the blocking steps below wait for every rank
     mpi_comm = MPI.COMM_WORLD.Dup()
+    _exit.enrol(MPI.COMM_WORLD)
     try:
         if backend in ("auto", "nccl"):
             backend, device = _choose(backend, mpi_comm, device)

@@ -11,7 +11,7 @@ import ctypes
 import os
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -204,6 +204,21 @@ class MpiPending(Pending):
             self.in_flight.discard(self)
 
 
+#: elements one MPI call is given: counts are C ints where MPI has no large-count calls
+#: (Open MPI 5), so larger element-wise calls are made in parts (``MpiBackend._in_parts``)
+MAX_COUNT = 2**31 - 1
+
+
+class _AllOf:
+    """The request of a call made in parts: complete once every part is."""
+
+    def __init__(self, parts: list[MpiPending]):
+        self.parts = parts
+
+    def Test(self) -> bool:  # noqa: N802 - as MPI.Request's
+        return all([part.test() for part in self.parts])
+
+
 #: calls whose communicator was closed or aborted before they completed: MPI may still read
 #: and write their arrays, so they are kept here until a later look finds them complete
 _ABANDONED: list[MpiPending] = []
@@ -246,6 +261,8 @@ class MpiBackend:
     ) -> MpiPending:
         if name in UPCAST:
             return self._via_float32(self.all_reduce, x, out, name, op, root)
+        if x.size > MAX_COUNT:
+            return self._in_parts(self.all_reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(self.comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
@@ -255,6 +272,8 @@ class MpiBackend:
     ) -> MpiPending:
         if name in UPCAST:
             return self._via_float32(self.reduce, x, out, name, op, root)
+        if x.size > MAX_COUNT:
+            return self._in_parts(self.reduce, x, out, name, op, root)
         t = MPI_TYPE[name]
         if self.rank != root:
             return self._post(self.comm.Ireduce, [x, t], None, MPI_OP[op], root)
@@ -266,6 +285,8 @@ class MpiBackend:
     def broadcast(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        if x.size > MAX_COUNT:
+            return self._in_parts(self.broadcast, x, out, name, op, root)
         return self._post(self.comm.Ibcast, [x, MPI_TYPE[name]], root)
 
     def all_gather(
@@ -351,6 +372,31 @@ class MpiBackend:
         self._reap_at = max(_REAP_AT, 2 * len(self.in_flight))
 
     # Helpers shared by the verbs.
+
+    def _in_parts(
+        self,
+        verb: Callable[..., MpiPending],
+        x: Any,
+        out: Any,
+        name: str,
+        op: ReduceOp | None,
+        root: int | None,
+    ) -> MpiPending:
+        """An element-wise call on more than ``MAX_COUNT`` elements, as one call per part of
+        at most that many (in the same order on every rank), completing together."""
+        flat_x = x.reshape(-1)
+        flat_out = None if out is None else (flat_x if out is x else out.reshape(-1))
+        parts = []
+        for start in range(0, flat_x.size, MAX_COUNT):
+            part_x = flat_x[start : start + MAX_COUNT]
+            part_out = (
+                None
+                if flat_out is None
+                else (part_x if flat_out is flat_x else flat_out[start : start + MAX_COUNT])
+            )
+            parts.append(verb(part_x, part_out, name, op, root))
+        # _AllOf answers Test(), all that a pending asks of its request
+        return MpiPending(cast(MPI.Request, _AllOf(parts)), (x, out), self.in_flight)
 
     def _avg(self, op: ReduceOp | None, out: Any) -> Callable[[], None] | None:
         if op is not ReduceOp.AVG:

@@ -95,6 +95,19 @@ class ProgressBoard:
             parts.append(f"Ranks that have not reached collective #{mine}: {listed}.")
         else:
             parts.append(f"Every rank on this node has reached collective #{mine}.")
+        # A rank that issued the call (an async one, DDP's buckets) and then stopped waiting:
+        # with non-blocking MPI calls nothing progresses on a rank that does not wait or call.
+        idle = [
+            r
+            for i, r in enumerate(self.members)
+            if i != self.local_rank and slots[i] >= mine and self._waits_in(i) is None
+        ]
+        if idle:
+            listed = ", ".join(f"rank {r}" for r in idle)
+            parts.append(
+                f"Ranks that have issued collective #{mine} but wait in no call (stopped, or "
+                f"busy outside the library; or inside a blocking MPI call): {listed}."
+            )
         doing = []
         for i, r in enumerate(self.members):
             call = self._waits_in(i)

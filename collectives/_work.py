@@ -65,9 +65,13 @@ class Pending:
     def _waited(self, comm: Any) -> None:
         """For host-side waits that poll, every 256 polls: past ``comm.yield_after`` seconds
         yield the core, past 1 s sleep between polls, past the timeout raise
-        ``CollectiveTimeoutError`` (the front end then declares the communicator dead)."""
+        ``CollectiveTimeoutError`` (the front end then declares the communicator dead); once
+        another rank has declared it failed, raise ``CommunicatorStateError`` naming that."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:
+            check_peers = getattr(comm, "_check_peers", None)
+            if check_peers is not None:  # another rank may have declared it failed
+                check_peers(self.call)
             if not self.posted:  # a wait that lasts: say on the progress board what it is in
                 self.posted = comm._post_waiting(self)
             if overdue(self.start, comm.timeout, self.start + waited) is not None:

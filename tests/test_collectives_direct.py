@@ -118,16 +118,18 @@ with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as com
     comm.broadcast(x)
     comm.all_reduce(x, "avg")  # the general path
     comm.all_reduce(np.ones((2, 3), np.int32))
+    # MPI errors straight from the direct path (the communicator would turn them into a
+    # CollectivesError and declare itself dead)
     handle, books.handle = books.handle, _direct.handle(MPI.COMM_NULL)
     try:
-        comm.broadcast(x)
+        _direct.broadcast(books, x, 0)
     except MPI.Exception:
         pass
     books.handle = handle
     if not books.blocking:  # blocking calls are not polled
         with failing_polls(books):
             try:
-                comm.all_reduce(x)
+                _direct.all_reduce(books, x, "sum", None)
             except MPI.Exception:
                 pass
     comm.barrier()
@@ -284,3 +286,24 @@ def test_blocking_calls_are_chosen_by_argument_then_environment_then_library(mon
             assert c._impl.blocking is (not expected)  # the argument wins
     monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING")
     assert _mpi.blocking_by_default() is (MPI.get_vendor()[0] in ("Open MPI", "Intel MPI"))
+
+
+@pytest.mark.parametrize("call", ["all_reduce", "broadcast", "barrier"])
+def test_an_mpi_error_is_a_collectives_error_naming_the_call_and_the_communicator_dies(call):
+    comm = col.init(backend="mpi", mpi_blocking=False)
+    real, comm._books.handle = comm._books.handle, _direct.handle(MPI.COMM_NULL)
+    good = comm._impl.comm
+    comm._impl.comm = MPI.COMM_NULL  # the general path's calls fail in MPI too
+    try:
+        with pytest.raises(col.CollectivesError) as info:
+            getattr(comm, call)(*([] if call == "barrier" else [np.ones(2)]))
+    finally:
+        comm._books.handle, comm._impl.comm = real, good
+    error = info.value
+    assert not isinstance(error, MPI.Exception) and isinstance(error.__cause__, MPI.Exception)
+    message = str(error)
+    assert message.startswith(f"{call}: MPI error ") and "on rank 0" in message, message
+    assert "the communicator is unusable" in message
+    with pytest.raises(col.CommunicatorStateError, match="unusable after an earlier error"):
+        comm.all_reduce(np.ones(2))
+    comm.close()

@@ -3,13 +3,12 @@
 Each case checks that the error is an ``InvalidArgumentError`` (also a ``ValueError``) whose
 message names the call, the argument, what was expected and what was given; then the test
 runs a real collective to show that the failed call left the ranks in step.
-Also: a communicator used from two threads at once, and a collective that times out.
+Also: a collective that times out (threads: test_ownership.py).
 Arrays are of the backend under test (``xp``); read-only arrays exist only in NumPy.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -357,47 +356,6 @@ def _wait_for(condition, what: str, limit: float = 20.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.01)
-
-
-@pytest.mark.numpy_only(reason="a recv that blocks the host (on NCCL it returns once queued)")
-def test_two_threads_on_one_communicator(comm, xp):
-    if comm.size == 1:
-        pytest.skip(
-            "at size 1 no call can block while holding the communicator (a recv from "
-            "itself is allowed only in a group, whose wait does not hold it)"
-        )
-    short = col.init(backend="mpi", timeout=2, mpi_blocking=False)
-    peer = (comm.rank + 1) % comm.size
-    errors: list[BaseException] = []
-
-    def blocked() -> None:  # every rank waits for a message nobody sends
-        try:
-            short.recv(xp.zeros(1, np.float32), peer)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            errors.append(e)
-
-    thread = threading.Thread(target=blocked)
-    try:
-        thread.start()
-        _wait_for(
-            lambda: any(r["call"] == "recv" for r in short.flight_record()), "the recv to start"
-        )
-        with fails(
-            "all_reduce", "in use by another thread", error_type=col.CommunicatorStateError
-        ) as caught:
-            short.all_reduce(xp.zeros(2, np.float32))
-        message = caught.message
-        assert "one thread at a time" in message
-        thread.join(30)
-        assert not thread.is_alive(), "the blocked recv never timed out"
-        assert len(errors) == 1 and isinstance(errors[0], col.CollectiveTimeoutError), errors
-        assert "recv" in str(errors[0])
-        with pytest.raises(col.CollectivesError, match="unusable"):
-            short.barrier()
-    finally:
-        thread.join(30)
-        short.close()
-    in_step(comm, xp)
 
 
 def test_collective_that_times_out(comm, xp):

@@ -1,0 +1,131 @@
+"""Leaving the job: a non-zero ``sys.exit`` on one rank, or a rank that leaves holding a failed
+communicator, ends the whole job instead of leaving the others to hang.
+
+``sys.exit(n)`` raises ``SystemExit``, which ``sys.excepthook`` never sees: the other ranks
+would wait in their next collective until its timeout. A rank that caught a
+``CollectiveTimeoutError`` and then leaves normally would hang in ``MPI_Finalize`` (which waits
+for every rank) while the rank it timed out on stays stuck. So, at exit (a Python ``atexit``
+handler, which runs before mpi4py's ``MPI_Finalize``):
+
+- after ``sys.exit(n)`` with ``n`` not 0 (or a message, which Python turns into 1): print it
+  and ``MPI_Abort`` the job with that code, as ``python -m mpi4py`` does;
+- otherwise every rank that made a communicator meets the others at an exit barrier (a
+  non-blocking one, on a duplicate of the world made by the first ``init``). A rank that holds
+  a failed communicator waits there at most that communicator's timeout, then prints why and
+  aborts the job with exit code 1; a rank with none waits as ``MPI_Finalize`` would have.
+  When every rank arrives, the job ends as usual: the program handled its failure.
+
+On when ``COLLECTIVES_ABORT_ON_EXCEPTION`` is (see :mod:`._abort`). ``raise SystemExit(n)``
+written out is not seen (only ``sys.exit``): Python gives no hook for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import time
+from typing import Any, NoReturn
+
+from mpi4py import MPI
+
+FAILED_EXIT_CODE = 1
+
+
+class _State:
+    installed = False
+    exit_code: Any = None  # the last sys.exit argument, when sys.exit was called
+    world: MPI.Comm | None = None  # the exit barrier's communicator
+    failure: BaseException | None = None  # the first failure of a communicator here
+    failure_timeout = 0.0
+
+
+_STATE = _State()
+
+
+def install() -> None:
+    """Wrap ``sys.exit`` and register the exit handler (once).
+
+    Example:
+        >>> from collectives import _exit
+        >>> _exit.install()
+    """
+    if _STATE.installed:
+        return
+    _STATE.installed = True
+    original = sys.exit
+
+    def exit(status: Any = None) -> NoReturn:  # noqa: A001 - it replaces sys.exit
+        _STATE.exit_code = status
+        original(status)
+
+    exit.__doc__ = original.__doc__
+    sys.exit = exit
+    atexit.register(_at_exit)
+
+
+def enrol(world: MPI.Comm) -> None:
+    """Called by every ``init`` (a collective over the world): the first one duplicates the
+    world for the exit barrier, on every rank at the same point."""
+    if _STATE.installed and _STATE.world is None and world.Get_size() > 1:
+        _STATE.world = world.Dup()
+
+
+def failed(error: BaseException, timeout: float) -> None:
+    """Note that a communicator of this process failed (the first failure is kept)."""
+    if _STATE.failure is None:
+        _STATE.failure = error
+    _STATE.failure_timeout = max(_STATE.failure_timeout, timeout)
+
+
+def exit_code(status: Any) -> int:
+    """The process exit code Python gives ``sys.exit(status)``.
+
+    Example:
+        >>> exit_code(None), exit_code(3), exit_code("bad input")
+        (0, 3, 1)
+    """
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF if status >= 0 else 1
+    return 1
+
+
+def _at_exit() -> None:
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    code = exit_code(_STATE.exit_code)
+    if code != 0 and size > 1:
+        _abort(
+            f"[rank {rank}] sys.exit({_STATE.exit_code!r}) on one rank of {size}, "
+            f"aborting the job with exit code {code}\n",
+            code,
+        )
+    comm = _STATE.world
+    if comm is None:
+        return
+    failure, limit = _STATE.failure, _STATE.failure_timeout
+    request = comm.Ibarrier()
+    start = time.monotonic()
+    while not request.Test():
+        if failure is not None and time.monotonic() - start > limit:
+            _abort(
+                f"[rank {rank}] leaving with a failed communicator ({failure}); not every rank "
+                f"reached the exit within {limit:g} s, and MPI_Finalize would wait for them "
+                f"forever: aborting the job with exit code {FAILED_EXIT_CODE}\n",
+                FAILED_EXIT_CODE,
+            )
+        time.sleep(1e-3)
+    comm.Free()
+    _STATE.world = None
+
+
+def _abort(message: str, code: int) -> None:
+    from ._abort import _let_the_launcher_read_stderr
+
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    _let_the_launcher_read_stderr()
+    MPI.COMM_WORLD.Abort(code)
