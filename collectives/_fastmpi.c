@@ -432,7 +432,7 @@ static PyObject *NotImplemented(void)
 
 /* The thread guards around begin() and post_and_wait(). NotImplemented: not the owner
  * thread, or the token is taken. */
-static PyObject *run(const Call *c, PyObject *result)
+static PyObject *run(Call *c, PyObject *result)
 {
     PyObject *owner = field(c->books, F_OWNER);
     if (owner == NULL)
@@ -537,7 +537,7 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
     /* the table entries are held: check mode and the recorder run Python in between */
     PyObject *keep = PyTuple_Pack(4, x, result, types, ops);
     Call c = {args[0], s_all_reduce, x, PyTuple_GET_ITEM(types, 0),
-              PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0};
+              PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0, 0};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0 &&
         as_handle(PyTuple_GET_ITEM(ops, 1), &c.mpi_op) == 0) {
         Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
@@ -584,7 +584,7 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *done = NULL, *keep = PyTuple_Pack(2, x, types);
     Call c = {args[0], s_broadcast, x, PyTuple_GET_ITEM(types, 0), Py_None, root,
-              keep, NULL, NULL, 0, 0, 0, (int)root_rank};
+              keep, NULL, NULL, 0, 0, 0, (int)root_rank, 0};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0) {
         Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
         c.count = (Count)count;
