@@ -56,6 +56,8 @@ class CallBooks:
             numbered apart (``seq - p2p``) because ranks that pair up for send/recv make
             different numbers of them.
         slots, slot: the progress board's words (64-bit ints) and this rank's index there.
+        inside: the board's ``inside`` words (same index): the direct path posts there that
+            this rank is inside a blocking MPI call (``nth * 4 + code``), and 0 once it returns.
         checker: the ``Guard`` (:mod:`._guard`), or None; called for a collective when
             ``next_check`` (a collective number) is due, or when more than ``quiet`` seconds
             passed since ``last_call`` (the monotonic time of the last collective).
@@ -89,6 +91,7 @@ class CallBooks:
         "last_call",
         "quiet",
         "owner",
+        "inside",
     )
 
     def __init__(
@@ -100,6 +103,7 @@ class CallBooks:
         wait_long: Callable[[Any, list, tuple], None],
         rank: int,
         size: int,
+        inside: Any = None,
     ):
         self.token: list = [None]
         self.seq = 0
@@ -118,6 +122,7 @@ class CallBooks:
         self.last_call = monotonic()
         self.quiet = float("inf")
         self.owner = 0
+        self.inside: Any = inside
 
     def take(self, call: str) -> None:
         """Take the token, or raise ``CommunicatorStateError`` naming ``call``."""

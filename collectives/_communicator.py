@@ -86,6 +86,7 @@ class Communicator:
             self._mpi_wait,
             self.rank,
             self.size,
+            self._progress.inside,
         )
         self.recorder = books.recorder
         books.owner = threading.get_ident()

@@ -103,6 +103,10 @@ def _broadcast(books: CallBooks, x: Any, root: Any) -> Any:
     return _run(books, "broadcast", x, name, None, root, x, post, ([x, t], root))
 
 
+#: the code a blocking call posts on the board (``_progress.BLOCKING_CALLS``)
+_CODE = {"all_reduce": 1, "broadcast": 2}
+
+
 def _run(
     books: CallBooks,
     call: str,
@@ -127,11 +131,23 @@ def _run(
         entry: list[Any] = [seq, call, array.shape, name, monotonic(), 0.0]
         recorder = books.recorder
         recorder.append(entry)
+        blocking = books.blocking
+        if blocking:
+            # A blocking call cannot post anything once begun: the board says beforehand that
+            # this rank is inside it, and 0 once it returns (``_progress.BLOCKING_CALLS``).
+            inside = books.inside
+            if inside is not None:
+                inside[books.slot] = (seq - books.p2p) * 4 + _CODE[call]
+            else:
+                blocking = False
         try:
             request = post(*args)
         except BaseException:
             recorder.pop()  # posting failed: nothing is in flight to record
             raise
+        finally:
+            if blocking:
+                inside[books.slot] = 0
         if request is None:  # a blocking call: done
             entry[5] = monotonic()
             return result

@@ -75,11 +75,11 @@ static PyObject *s_dtype, *s_shape, *s_verify, *s_append, *s_pop, *s_all_reduce,
  * as the descriptor itself would, without an attribute lookup per field. */
 enum { F_TOKEN, F_SEQ, F_P2P, F_SLOTS, F_SLOT, F_CHECKER, F_RECORDER, F_YIELD_AFTER,
        F_WAIT_LONG, F_HANDLE, F_RANK, F_SIZE, F_BLOCKING, F_NEXT_CHECK, F_LAST_CALL, F_QUIET,
-       F_OWNER, F_COUNT };
+       F_OWNER, F_INSIDE, F_COUNT };
 static const char *const field_names[F_COUNT] = {
     "token",     "seq",    "p2p",  "slots", "slot",     "checker",    "recorder",  "yield_after",
     "wait_long", "handle", "rank", "size",  "blocking", "next_check", "last_call", "quiet",
-    "owner"};
+    "owner",     "inside"};
 static Py_ssize_t field_offsets[F_COUNT];
 
 /* books.<field>, a new reference, or NULL with AttributeError where it was never set. */
@@ -175,6 +175,7 @@ typedef struct {
     Count count;
     Handle datatype, mpi_op;
     int root_rank;
+    long long nth; /* its collective number, set by begin() */
 } Call;
 
 /* books.<field> as a C long long: 0, or -1 with an error set. */
@@ -242,13 +243,13 @@ static int post_progress(PyObject *books, long long nth)
 }
 
 /* CallBooks.number for a collective, then a flight-recorder entry, appended: the entry. */
-static PyObject *begin(const Call *c)
+static PyObject *begin(Call *c)
 {
     long long seq, p2p;
     if (get_long(c->books, F_SEQ, &seq) < 0 || get_long(c->books, F_P2P, &p2p) < 0)
         return NULL;
     seq += 1;
-    long long nth = seq - p2p;
+    long long nth = c->nth = seq - p2p;
     PyObject *seq_new = PyLong_FromLongLong(seq);
     if (seq_new == NULL)
         return NULL;
@@ -310,6 +311,35 @@ static PyObject *begin(const Call *c)
     return entry;
 }
 
+/* &books.inside[books.slot], where a blocking call posts that this rank is inside it (NULL
+ * where books.inside is None), its buffer held in *view until released. 0, or -1 with an
+ * error set. */
+static int inside_word(const Call *c, Py_buffer *view, long long **word)
+{
+    long long slot;
+    PyObject *inside = field(c->books, F_INSIDE);
+    if (inside == NULL)
+        return -1;
+    int rc = inside == Py_None ? 0
+             : get_long(c->books, F_SLOT, &slot) < 0
+                 ? -1
+                 : PyObject_GetBuffer(inside, view, PyBUF_WRITABLE);
+    int held = inside != Py_None && rc == 0;
+    Py_DECREF(inside);
+    if (rc < 0)
+        return -1;
+    if (!held)
+        return 0;
+    if (slot < 0 || slot >= view->len / (Py_ssize_t)sizeof(long long) ||
+        view->itemsize != (Py_ssize_t)sizeof(long long)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_IndexError, "CallBooks.slot is not a slot of CallBooks.inside");
+        return -1;
+    }
+    *word = (long long *)view->buf + slot;
+    return 0;
+}
+
 /* Post the call and poll it; hand it to books.wait_long if it lasts. 0, or -1 with an error. */
 static int post_and_wait(const Call *c, PyObject *entry)
 {
@@ -330,6 +360,14 @@ static int post_and_wait(const Call *c, PyObject *entry)
     Py_XDECREF(blocking_obj);
     if (failed)
         return -1;
+    /* A blocking call cannot post anything once begun: the board says beforehand that this
+     * rank is inside it (nth * 4 + code, as _progress.BLOCKING_CALLS), and 0 once it returns */
+    Py_buffer inside;
+    long long *word = NULL;
+    if (blocking && inside_word(c, &inside, &word) < 0)
+        return -1;
+    if (word != NULL)
+        *word = c->nth * 4 + (c->call == s_all_reduce ? 1 : 2);
     int rc, posted = 0, done = 0;
     Py_BEGIN_ALLOW_THREADS
     if (blocking) {
@@ -351,6 +389,10 @@ static int post_and_wait(const Call *c, PyObject *entry)
         }
     }
     Py_END_ALLOW_THREADS
+    if (word != NULL) {
+        *word = 0;
+        PyBuffer_Release(&inside);
+    }
     if (rc != 0) {
         if (!posted) { /* posting failed: nothing is in flight to record */
             PyObject *recorder = field(c->books, F_RECORDER);
@@ -390,7 +432,7 @@ static PyObject *NotImplemented(void)
 
 /* The thread guards around begin() and post_and_wait(). NotImplemented: not the owner
  * thread, or the token is taken. */
-static PyObject *run(const Call *c, PyObject *result)
+static PyObject *run(Call *c, PyObject *result)
 {
     PyObject *owner = field(c->books, F_OWNER);
     if (owner == NULL)
@@ -495,7 +537,7 @@ static PyObject *all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t na
     /* the table entries are held: check mode and the recorder run Python in between */
     PyObject *keep = PyTuple_Pack(4, x, result, types, ops);
     Call c = {args[0], s_all_reduce, x, PyTuple_GET_ITEM(types, 0),
-              PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0};
+              PyTuple_GET_ITEM(ops, 0), Py_None, keep, NULL, NULL, 0, 0, 0, 0, 0};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0 &&
         as_handle(PyTuple_GET_ITEM(ops, 1), &c.mpi_op) == 0) {
         Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
@@ -542,7 +584,7 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *done = NULL, *keep = PyTuple_Pack(2, x, types);
     Call c = {args[0], s_broadcast, x, PyTuple_GET_ITEM(types, 0), Py_None, root,
-              keep, NULL, NULL, 0, 0, 0, (int)root_rank};
+              keep, NULL, NULL, 0, 0, 0, (int)root_rank, 0};
     if (keep != NULL && as_handle(PyTuple_GET_ITEM(types, 1), &c.datatype) == 0) {
         Py_ssize_t count = xb.len / (xb.itemsize ? xb.itemsize : 1);
         c.count = (Count)count;

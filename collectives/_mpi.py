@@ -16,6 +16,7 @@ from typing import Any, Callable, cast
 import numpy as np
 from mpi4py import MPI
 
+from . import _mpi_parts
 from ._arrays import array_module, is_device_array, is_slot
 from ._backend import Verb
 from ._dtypes import COMPLEX, NAME_OF_CHAR
@@ -205,7 +206,8 @@ class MpiPending(Pending):
 
 
 #: elements one MPI call is given: counts are C ints where MPI has no large-count calls
-#: (Open MPI 5), so larger element-wise calls are made in parts (``MpiBackend._in_parts``)
+#: (Open MPI 5), so larger calls are made in parts (``MpiBackend._in_parts``, and for the
+#: verbs that are not element-wise, :mod:`._mpi_parts`)
 MAX_COUNT = 2**31 - 1
 
 
@@ -292,8 +294,11 @@ class MpiBackend:
     def all_gather(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        in_place = is_slot(x, out, self.rank)
+        if x.size > MAX_COUNT:
+            return self._whole(_mpi_parts.all_gather(self, x, out, name, in_place), x, out)
         t = MPI_TYPE[name]
-        send = MPI.IN_PLACE if is_slot(x, out, self.rank) else [x, t]
+        send = MPI.IN_PLACE if in_place else [x, t]
         return self._post(self.comm.Iallgather, send, [out, t])
 
     def reduce_scatter(
@@ -307,6 +312,8 @@ class MpiBackend:
             pending = self.reduce_scatter(x, result, name, op, root)
             pending.finish = _chain(pending.finish, lambda: _copy(out, result))
             return pending
+        if out.size > MAX_COUNT:
+            return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
         t = MPI_TYPE[name]
         return self._post(
             self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
@@ -315,6 +322,8 @@ class MpiBackend:
     def all_to_all(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        if x.size // self.size > MAX_COUNT:
+            return self._whole(_mpi_parts.all_to_all(self, x, out, name, MAX_COUNT), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(self.comm.Ialltoall, send, [out, t])
@@ -322,6 +331,10 @@ class MpiBackend:
     def gather(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        if x.size > MAX_COUNT:
+            in_place = is_slot(x, out, self.rank)
+            parts = _mpi_parts.gather(self, x, out, name, cast(int, root), in_place, MAX_COUNT)
+            return self._whole(parts, x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
             return self._post(self.comm.Igather, [x, t], None, root)
@@ -331,6 +344,10 @@ class MpiBackend:
     def scatter(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        if out.size > MAX_COUNT:
+            in_place = is_slot(out, x, self.rank)
+            parts = _mpi_parts.scatter(self, x, out, name, cast(int, root), in_place, MAX_COUNT)
+            return self._whole(parts, x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
             return self._post(self.comm.Iscatter, None, [out, t], root)
@@ -340,11 +357,17 @@ class MpiBackend:
     def send(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        if x.size > MAX_COUNT:
+            peer = cast(int, root)
+            return self._whole(_mpi_parts.sends(self, x, name, peer, _TAG, MAX_COUNT), x, None)
         return self._post(self.comm.Isend, [x, MPI_TYPE[name]], root, _TAG)
 
     def recv(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
     ) -> MpiPending:
+        if out.size > MAX_COUNT:
+            peer = cast(int, root)
+            return self._whole(_mpi_parts.recvs(self, out, name, peer, _TAG, MAX_COUNT), None, out)
         return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], root, _TAG)
 
     def barrier(
@@ -395,6 +418,10 @@ class MpiBackend:
                 else (part_x if flat_out is flat_x else flat_out[start : start + MAX_COUNT])
             )
             parts.append(verb(part_x, part_out, name, op, root))
+        return self._whole(parts, x, out)
+
+    def _whole(self, parts: list[MpiPending], x: Any, out: Any) -> MpiPending:
+        """One pending for a call made of ``parts`` (see :mod:`._mpi_parts`)."""
         # _AllOf answers Test(), all that a pending asks of its request
         return MpiPending(cast(MPI.Request, _AllOf(parts)), (x, out), self.in_flight)
 

@@ -18,7 +18,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-_WORDS = 3  # per rank: its collective number, and check mode's two slots
+_WORDS = 4  # per rank: its collective number, check mode's two slots, its blocking call
+#: the calls a rank posts it is inside, by code (``inside`` words: ``nth * 4 + code``)
+BLOCKING_CALLS = {1: "all_reduce", 2: "broadcast"}
 _TEXT = 120  # per rank: the call it waits in, "all_reduce (shape (3,), float64)", UTF-8
 _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
 
@@ -29,6 +31,9 @@ class ProgressBoard:
 
     ``check_slots`` (two per local rank) are check mode's: see ``_check``. ``waiting()``
     and ``done_waiting()`` post the call this rank is blocked in, which ``report()`` shows.
+    ``inside[local_rank]`` is ``nth * 4 + code`` while this rank is inside a blocking MPI
+    call (:data:`BLOCKING_CALLS`) for collective ``nth``, else 0: the direct path writes it
+    around the call, as a blocking call cannot post anything once it has begun.
     """
 
     def __init__(self, mpi_comm: MPI.Comm):
@@ -56,7 +61,8 @@ class ProgressBoard:
         self._view = memoryview(self._map)
         self._words = self._view[: _WORDS * 8 * n].cast("q")
         self.slots: Any = self._words[:n]
-        self.check_slots: Any = self._words[n:]
+        self.check_slots: Any = self._words[n : 3 * n]
+        self.inside: Any = self._words[3 * n :]
         self._areas = _WORDS * 8 * n  # where the first rank's area begins
 
     def waiting(self, text: str) -> None:
@@ -84,6 +90,13 @@ class ProgressBoard:
             return None
         return self._map[start + 8 : start + _AREA].rstrip(b"\0").decode(errors="replace")
 
+    def _inside(self, index: int) -> str | None:
+        """The blocking call local rank ``index`` is inside, if it is its current collective."""
+        word = self.inside[index]
+        if word == 0 or word >> 2 != self.slots[index]:
+            return None
+        return BLOCKING_CALLS.get(word & 3)
+
     def report(self) -> str:
         slots = self.slots
         mine = slots[self.local_rank]
@@ -100,19 +113,25 @@ class ProgressBoard:
         idle = [
             r
             for i, r in enumerate(self.members)
-            if i != self.local_rank and slots[i] >= mine and self._waits_in(i) is None
+            if i != self.local_rank
+            and slots[i] >= mine
+            and self._waits_in(i) is None
+            and self._inside(i) is None
         ]
         if idle:
             listed = ", ".join(f"rank {r}" for r in idle)
             parts.append(
                 f"Ranks that have issued collective #{mine} but wait in no call (stopped, or "
-                f"busy outside the library; or inside a blocking MPI call): {listed}."
+                f"busy outside the library): {listed}."
             )
         doing = []
         for i, r in enumerate(self.members):
-            call = self._waits_in(i)
+            call, blocking = self._waits_in(i), self._inside(i)
             this = " (this one)" if i == self.local_rank else ""
-            what = f"waits in {call}" if call else "waits in no call"
+            if blocking:
+                what = f"is inside a blocking {blocking}"
+            else:
+                what = f"waits in {call}" if call else "waits in no call"
             doing.append(f"rank {r}{this} {what} at collective #{slots[i]}")
         if len(doing) > 1:
             parts.append("What each rank of the node is doing: " + "; ".join(doing) + ".")
@@ -122,9 +141,9 @@ class ProgressBoard:
 
     def close(self) -> None:
         if self.slots is not None:
-            for view in (self.slots, self.check_slots, self._words, self._view):
+            for view in (self.slots, self.check_slots, self.inside, self._words, self._view):
                 view.release()
-            self.slots = self.check_slots = None
+            self.slots = self.check_slots = self.inside = None
             self._map.close()
 
 

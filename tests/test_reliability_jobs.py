@@ -94,6 +94,34 @@ comm.all_reduce(np.ones(3))
     assert "aborting the job" in output
 
 
+@pytest.mark.parametrize("call", ["all_reduce", "broadcast"])
+def test_a_timeout_names_the_ranks_inside_a_blocking_call(tmp_path, call):
+    # Ranks 0 and 1 are inside the blocking call #2, rank 2 (the root) never makes it: the
+    # watchdog's message says which ranks are inside it, from what they posted beforehand.
+    args = "np.ones(3)" if call == "all_reduce" else "np.ones(3), root=2"
+    script = f"""
+import time, numpy as np, collectives as col
+from mpi4py import MPI
+# Rank 0 alone times out first (two ranks aborting at once may lose each other's message).
+timeout = 1.5 if MPI.COMM_WORLD.Get_rank() == 0 else 30.0
+comm = col.init(backend="mpi", timeout=timeout, mpi_blocking=True)
+comm.all_reduce(np.ones(3))
+if comm.rank == 2:
+    time.sleep(60)   # never makes the next call
+comm.{call}({args})
+"""
+    env = {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}  # the watchdog alone ends it
+    proc, elapsed = _job(tmp_path, script, 3, env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert elapsed < 20, f"job took {elapsed:.1f} s to end (rank 2 sleeps 60 s)"
+    assert f"[rank 0] CollectiveTimeoutError: {call} #2 (shape (3,), float64)" in output, output
+    assert f"rank 1 is inside a blocking {call} at collective #2" in output, output
+    assert f"rank 0 (this one) is inside a blocking {call} at collective #2" in output, output
+    assert "rank 2 waits in no call at collective #1" in output, output
+    assert "but wait in no call" not in output, output
+
+
 def test_timeline_files_and_merge(tmp_path):
     script = """
 import collectives as col, numpy as np
