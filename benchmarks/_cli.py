@@ -76,7 +76,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if launcher_rank() == 0:
             sys.stderr.write(f"{self.format_usage()}{self.prog}: error: {message}\n")
-        sys.exit(2)
+            sys.stderr.flush()
+        # Every rank parses the same arguments and leaves here, before any communicator is
+        # made: not collectives' sys.exit of one rank, which aborts the job (and may take rank
+        # 0's usage line with it).
+        raise SystemExit(2)
 
 
 def launcher_rank() -> int:
