@@ -71,19 +71,25 @@ def test_abort_on_exception_can_be_turned_off(tmp_path):
     assert elapsed >= 3
 
 
+# A rank that never makes the next call but keeps MPI progressing what it has posted: Open
+# MPI finishes the overlapped check of the last call only with the peer's progress, and a
+# rank asleep outside MPI would make the others time out in that check, not in the call.
+STUCK_BUT_PROGRESSING = """if comm.rank == {rank}:
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        MPI.COMM_WORLD.Iprobe()
+        time.sleep(0.01)
+"""
+
+
 def test_a_stuck_blocking_call_ends_the_job_after_its_timeout(tmp_path):
     # A blocking MPI call cannot be interrupted: the watchdog prints the error and aborts.
-    script = """
+    script = f"""
 import time, numpy as np, collectives as col
 from mpi4py import MPI
 comm = col.init(backend="mpi", timeout=1.5, mpi_blocking=True)
 comm.all_reduce(np.ones(3))
-if comm.rank == 1:   # never makes the next call, but lets MPI progress what it has posted
-    end = time.monotonic() + 60   # (Open MPI finishes the overlapped check of call #1 only so)
-    while time.monotonic() < end:
-        MPI.COMM_WORLD.Iprobe()
-        time.sleep(0.01)
-comm.all_reduce(np.ones(3))
+{STUCK_BUT_PROGRESSING.format(rank=1)}comm.all_reduce(np.ones(3))
 """
     env = {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}  # the watchdog alone ends it
     proc, elapsed = _job(tmp_path, script, 2, env)
@@ -110,12 +116,7 @@ from mpi4py import MPI
 timeout = 1.5 if MPI.COMM_WORLD.Get_rank() == 0 else 30.0
 comm = col.init(backend="mpi", timeout=timeout, mpi_blocking=True)
 comm.all_reduce(np.ones(3))
-if comm.rank == 2:   # never makes the next call, but lets MPI progress what it has posted
-    end = time.monotonic() + 60   # (Open MPI finishes the overlapped check of call #1 only so)
-    while time.monotonic() < end:
-        MPI.COMM_WORLD.Iprobe()
-        time.sleep(0.01)
-comm.{call}({args})
+{STUCK_BUT_PROGRESSING.format(rank=2)}comm.{call}({args})
 """
     env = {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}  # the watchdog alone ends it
     proc, elapsed = _job(tmp_path, script, 3, env)
