@@ -243,6 +243,7 @@ class _Watchdog:
 
     @staticmethod
     def _end(comm: Any, entry: list, waited: float) -> None:
+        from ._abort import _let_the_launcher_read_stderr
         from ._work import recorded, timeout_error
 
         error = timeout_error(comm, recorded(entry), waited)
@@ -253,6 +254,7 @@ class _Watchdog:
             "it non-blocking): aborting the job.\n"
         )
         sys.stderr.flush()
+        _let_the_launcher_read_stderr()
         MPI.COMM_WORLD.Abort(1)
 
 
