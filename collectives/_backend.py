@@ -7,20 +7,98 @@ receives nothing), ``name`` the dtype's name, ``op`` a :class:`ReduceOp` or None
 the root or peer or None. A verb returns a :class:`Pending`. A backend that fails for good
 (a timeout, an NCCL error) keeps the error in ``failure`` and raises it; the front end
 then declares the communicator dead.
+
+A backend is built before its front end; the front end then hands it a
+:class:`BackendContext` (:meth:`Backend.attach`): the timeout, the flight recorder, and
+callbacks for waiting and for failure. A backend reaches the front end through that alone.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol, TypeVar
 
+from ._errors import CollectivesError, CollectiveTimeoutError
 from ._ops import ReduceOp
-from ._work import Pending
+from ._work import Pending, timeout_error
+
+if TYPE_CHECKING:
+    from ._books import CallBooks
 
 T = TypeVar("T")
 
 #: A backend verb, ``(x, out, name, op, root) -> Pending``, as :class:`Backend` lists them.
 Verb = Callable[[Any, Any, Any, Any, Any], Pending]
+
+
+class Waiter(Protocol):
+    """What a pending's waits (``Pending.wait(waiter)``, ``Pending.synchronize(waiter)``) read
+    of the front end: the polling and timeout rules, and what a timeout error names."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def yield_after(self) -> float: ...
+    @property
+    def recorder(self) -> Any: ...
+    def mpi_comm_world_ranks(self) -> list[int]: ...
+    def progress_report(self) -> str: ...
+
+
+class BackendContext:
+    """What the front end gives its backend (:meth:`Backend.attach`), in place of itself.
+
+    Attributes:
+        waiter: what the backend passes to its pendings' waits (the front end's rules).
+        seq: ``seq()``, how many calls the front end has numbered (the current call's number
+            while it is issued).
+        fail: ``fail(error)``: the backend raised ``error``, which ends the communicator where
+            it is a timeout or the backend's ``failure`` (the front end then declares it dead).
+        mpi_error: ``mpi_error(call, error)`` raises an ``MPI.Exception`` as the front end's
+            ``CollectivesError``, the communicator dead.
+
+    Example:
+        >>> context = BackendContext(comm, lambda: books.seq, comm._fatal, comm._mpi_error)
+        >>> backend.attach(context)
+        >>> context.wait(pending)            # pending.wait under the communicator's rules
+    """
+
+    __slots__ = ("waiter", "seq", "fail", "mpi_error")
+
+    def __init__(
+        self,
+        waiter: Waiter,
+        seq: Callable[[], int],
+        fail: Callable[[CollectivesError], None],
+        mpi_error: Callable[[str, Any], NoReturn],
+    ):
+        self.waiter = waiter
+        self.seq = seq
+        self.fail = fail
+        self.mpi_error = mpi_error
+
+    @property
+    def timeout(self) -> float:
+        return self.waiter.timeout
+
+    @property
+    def recorder(self) -> Any:
+        """The flight recorder (a deque of the last calls)."""
+        return self.waiter.recorder
+
+    def wait(self, pending: Pending) -> None:
+        """``pending.wait`` under the front end's rules (it raises; it declares nothing)."""
+        pending.wait(self.waiter)
+
+    def synchronize(self, pending: Pending) -> None:
+        """``pending.synchronize`` under the front end's rules (raises; declares nothing)."""
+        pending.synchronize(self.waiter)
+
+    def timeout_error(self, pending: Pending, waited: float) -> CollectiveTimeoutError:
+        """The error that says ``pending`` timed out after ``waited`` seconds."""
+        return timeout_error(self.waiter, pending, waited)
 
 
 class Backend(Protocol):
@@ -33,6 +111,41 @@ class Backend(Protocol):
     """
 
     name: str
+
+    @property
+    def failure(self) -> CollectivesError | None:
+        """The error that ended this backend for good, or None."""
+        ...
+
+    @property
+    def unfinished(self) -> bool:
+        """Calls were left in flight at a close or abort: the MPI communicator must not be
+        freed under them."""
+        ...
+
+    #: whether :meth:`check_arrays` checks anything (the front end skips it otherwise)
+    checks_arrays: bool
+
+    def attach(self, context: BackendContext) -> None:
+        """Take the front end's context; before the first call."""
+        ...
+
+    def check_arrays(self, call: str, x: Any, out: Any) -> None:
+        """Raise ``InvalidArgumentError`` for arrays this backend cannot take."""
+        ...
+
+    def direct_path(self, books: CallBooks) -> bool:
+        """Set ``books`` up for the direct path (:mod:`._direct`); False: it has none."""
+        ...
+
+    @property
+    def stager(self) -> Stager | None:
+        """What stages device arrays through the host for this backend, or None."""
+        ...
+
+    def drain(self) -> None:
+        """Finish the calls in flight before a close (under the timeout)."""
+        ...
 
     def all_reduce(
         self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
@@ -72,6 +185,13 @@ class Backend(Protocol):
     def split(self, child: Any, color: int | None, key: int) -> tuple[Any, dict]: ...
     def close(self) -> None: ...
     def abort(self) -> None: ...
+
+
+class Stager(Protocol):
+    """Runs a verb on host copies of device arrays (the MPI backend's, where not CUDA-aware)."""
+
+    def needs_staging(self, x: Any, out: Any) -> bool: ...
+    def staged(self, verb: Verb, x: Any, out: Any, name: Any, op: Any, root: Any) -> Pending: ...
 
 
 #: The verbs (the methods that take ``x`` first), in the order above: what both backends have.

@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._errors import CollectiveMismatchError, CollectiveTimeoutError
-from ._mpi import MpiPending
+from ._mpi_base import MpiPending
 from ._work import Pending
 
 #: calls between two ranks only: there is nothing to compare across the whole communicator

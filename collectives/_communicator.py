@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from . import _direct, _exit, _timeline
 from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
-from ._backend import Backend, Verb
+from ._backend import Backend, BackendContext, Stager, Verb
 from ._books import IN_USE, CallBooks
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
@@ -34,7 +34,6 @@ from ._errors import (
 )
 from ._guard import Guard
 from ._handshake import arrive
-from ._mpi import MpiBackend, MpiPending
 from ._ops import BY_NAME, ReduceOp, parse_op
 from ._progress import ProgressBoard
 from ._work import Pending, Work, recorded
@@ -83,7 +82,7 @@ class Communicator:
             self.local_rank,
             RECORDER_LENGTH,
             yield_after,
-            self._mpi_wait,
+            _no_direct_path,
             self.rank,
             self.size,
             self._progress.inside,
@@ -102,12 +101,10 @@ class Communicator:
         self._owner: int | None = self._owner_thread.ident
         self._unusable: CollectivesError | None = None
         self._failed = False  # declared failed, here or by another rank
-        # The backend again where it is the MPI one, which stages device arrays through the host
-        # and runs the direct path.
-        self._mpi: MpiBackend | None = impl if isinstance(impl, MpiBackend) else None
-        self._check_arrays = getattr(impl, "check_arrays", None)
-        if hasattr(impl, "attach"):
-            impl.attach(self)
+        # What stages device arrays through the host (the MPI backend), or None.
+        self._stager: Stager | None = impl.stager
+        self._check_arrays = impl.check_arrays if impl.checks_arrays else None
+        impl.attach(BackendContext(self, lambda: books.seq, self._fatal, self._mpi_error))
         self._track = 0
         if _timeline.TIMELINE is not None:
             _COUNT[0] += 1
@@ -118,15 +115,13 @@ class Communicator:
         if self.size > 1 or check:  # see _guard: failure notices and scheduled checks
             books.checker = Guard(self, every_call=self._check_mode)
             books.quiet = self.timeout / 2
-        # The books again where the direct path (_direct) applies (MPI, no timeline to draw);
-        # _fast is them while it may be used: not inside group(), closed or dead.
+        # The books again where the direct path (_direct) applies (the backend has one: MPI;
+        # no timeline to draw); _fast is them while it may be used: not inside group(), closed
+        # or dead.
         self._direct: CallBooks | None = None
-        if self._mpi is not None and not self._track:
-            books.handle, books.blocking = _direct.handle(self._mpi.comm), self._mpi.blocking
+        if not self._track and impl.direct_path(books):
             self._direct = books
         self._fast = self._direct
-        if self._direct is not None and books.blocking:
-            _direct.WATCHDOG.watch(self)  # a blocking call that outlasts the timeout ends the job
 
     @property
     def yield_after(self) -> float:
@@ -453,9 +448,8 @@ class Communicator:
         timeout for them). Idempotent; every rank should call it."""
         if isinstance(self._unusable, _Closed):
             return
-        drain = getattr(self._impl, "drain", None)
-        if drain is not None and self._unusable is None:
-            drain(self)
+        if self._unusable is None:
+            self._impl.drain()
         self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
         self._unusable = _Closed("communicator is closed")
         self._fast = None
@@ -514,23 +508,6 @@ class Communicator:
 
     # ---------------------------------------------------------------- internals
 
-    def _mpi_wait(self, request: MPI.Request, entry: list, args: tuple) -> None:
-        """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the
-        timeout. ``args`` holds the arrays, which MPI may still write after a timeout: the
-        pending owns them, and the backend keeps them past an abort."""
-        assert self._mpi is not None  # the direct path runs on the MPI backend only
-        pending = MpiPending(request, args, self._mpi.in_flight)
-        pending.info, pending.start = tuple(entry[:4]), entry[4]
-        self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
-        try:
-            pending._waited(self)  # yield now: this call has already polled for yield_after
-            pending.synchronize(self)
-        except CollectivesError as e:
-            self._fatal(e)
-            raise
-        except MPI.Exception as e:
-            self._mpi_error(pending.call, e)
-
     def _run(
         self,
         call: str,
@@ -559,7 +536,7 @@ class Communicator:
         try:
             array = x if x is not None else out
             seq = books.number(call, array, name, op, root)
-            stager = self._mpi
+            stager = self._stager
             pending: Pending
             if (
                 stager is not None
@@ -610,9 +587,7 @@ class Communicator:
         """A wait that timed out, or a backend that raises the error that ended it (and keeps
         it as ``failure``): from then on this communicator is dead too. Backends raise; only
         the front end declares the communicator dead."""
-        if isinstance(error, CollectiveTimeoutError) or error is getattr(
-            self._impl, "failure", None
-        ):
+        if isinstance(error, CollectiveTimeoutError) or error is self._impl.failure:
             self._die(error)
 
     def _mpi_error(self, call: str, error: MPI.Exception) -> NoReturn:
@@ -697,7 +672,7 @@ class Communicator:
             self._progress = None
         # A communicator with calls still in flight is left to MPI_Finalize: freeing it under
         # a pending collective crashes Open MPI when the request is next tested.
-        if self.mpi_comm != MPI.COMM_NULL and not getattr(self._impl, "unfinished", False):
+        if self.mpi_comm != MPI.COMM_NULL and not self._impl.unfinished:
             self.mpi_comm.Free()
         if self._books.checker is not None:
             self._books.checker.close(failed=self._failed)
@@ -767,6 +742,11 @@ def _world_ranks(mpi_comm: MPI.Comm, size: int) -> list[int]:
             world.Free()
     except Exception:
         return list(range(size))
+
+
+def _no_direct_path(request: Any, entry: list, args: tuple) -> None:
+    """``books.wait_long`` where the backend has set up no direct path: never called."""
+    raise RuntimeError("no direct path on this communicator")
 
 
 def _cores() -> int:

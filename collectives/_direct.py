@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 from ._arrays import may_share_memory
 from ._books import CallBooks
-from ._mpi import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
+from ._mpi_base import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE

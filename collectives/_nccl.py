@@ -15,12 +15,12 @@ device, its stream and communicator creation in :mod:`._nccl_device`.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import _nccl_group as groups
 from . import _numerics
 from ._arrays import is_slot
-from ._backend import Bootstrap
+from ._backend import BackendContext, Bootstrap, Stager
 from ._deadline import overdue
 from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
 from ._errors import (
@@ -41,6 +41,9 @@ from ._nccl_device import finished as _finished
 from ._nccl_flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
 from ._nccl_rules import cuda_error, nccl_error
 from ._ops import ReduceOp
+
+if TYPE_CHECKING:
+    from ._books import CallBooks
 
 __all__ = [
     "SPLIT_VERSION",
@@ -68,6 +71,10 @@ class NcclBackend(WatchedCommunicator):
     """
 
     name = "nccl"
+    #: CuPy arrays on the communicator's device only (:meth:`check_arrays`)
+    checks_arrays = True
+    #: device arrays go to NCCL as they are
+    stager: Stager | None = None
 
     # ---------------------------------------------------------------- issuing
 
@@ -99,7 +106,7 @@ class NcclBackend(WatchedCommunicator):
         pending = NcclPending(self, blocking)
         array = arrays[0] if arrays and arrays[0] is not None else None
         # For a message while issuing; the front end fills in the final entry afterwards.
-        seq = 0 if self._front is None else self._front._books.seq
+        seq = 0 if self._context is None else self._context.seq()
         pending.info = (seq, call, getattr(array, "shape", None), None)
         state = groups.current()
         self._prune()
@@ -438,9 +445,15 @@ class NcclBackend(WatchedCommunicator):
     def abort(self) -> None:
         self._request_abort()
 
-    def attach(self, front: Any) -> None:
-        """Give the watchdog the front end, for the messages it writes."""
-        self._front = front
+    def attach(self, context: BackendContext) -> None:
+        """Take the front end's context: the seq and the timeout messages name its calls."""
+        self._context = context
+
+    def drain(self) -> None:
+        """Nothing: ``close`` waits for the calls in flight itself (and aborts past the timeout)."""
+
+    def direct_path(self, books: CallBooks) -> bool:
+        return False  # the direct path is MPI's
 
 
 def end_group(nccl: Any) -> None:
@@ -468,7 +481,7 @@ def end_group(nccl: Any) -> None:
     failures = []
     for pending in batch.waits:  # every caller is ordered, whichever backend has failed
         try:
-            pending.wait(pending.backend._front)
+            pending.wait(pending.backend.waiter)
         except CollectivesError as e:
             failures.append(e)
     if failures:

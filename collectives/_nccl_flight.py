@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from . import _nccl_group as groups
-from ._backend import Bootstrap
+from ._backend import BackendContext, Bootstrap
 from ._deadline import overdue
 from ._errors import (
     CollectivesError,
@@ -118,7 +118,7 @@ class WatchedCommunicator:
         self._held = 0
         self._abort_deferred = False
         self._own_groups = 0
-        self._front: Any = None
+        self._context: BackendContext | None = None  # the front end's (NcclBackend.attach)
         self._stop = threading.Event()
         self._warned_host_hang = False
         self._drained: Any = None  # the event after which the arrays in flight may go
@@ -126,6 +126,15 @@ class WatchedCommunicator:
             target=self._watch, name="collectives-nccl-watchdog", daemon=True
         )
         self._watchdog.start()
+
+    #: NCCL keeps no MPI communicator busy: the front end may free its one at a close
+    unfinished = False
+
+    @property
+    def waiter(self) -> Any:
+        """What this backend's pendings are waited with (the front end's rules; None before
+        the front end attached its context)."""
+        return None if self._context is None else self._context.waiter
 
     @property
     def failure(self) -> CollectivesError | None:
@@ -249,13 +258,13 @@ class WatchedCommunicator:
             self.fail(nccl_error("NCCL reported an asynchronous error", e))
 
     def _timeout(self, pending: NcclPending | None, waited: float) -> CollectivesError:
-        if self._front is None or pending is None:  # a group's launch, a split
+        if self._context is None or pending is None:  # a group's launch, a split
             return CollectiveTimeoutError(
                 f"an NCCL call (a group's end or a split) on rank {self.rank} did not return "
                 f"after {waited:.1f} s (timeout {self.timeout:g} s); the communicator is aborted"
             )
         try:
-            return timeout_error(self._front, pending, waited)
+            return self._context.timeout_error(pending, waited)
         except RuntimeError:  # the caller's thread appended to the recorder as it was read
             return self._timeout(None, waited)
 

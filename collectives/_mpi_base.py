@@ -1,0 +1,185 @@
+"""What the MPI backend (:mod:`._mpi`) stands on: the datatype and op tables, what this MPI
+library can do, and :class:`MpiPending`, one request in flight. The direct path
+(:mod:`._direct`) and check mode (:mod:`._check`) use them too, below the backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ._dtypes import COMPLEX, NAME_OF_CHAR
+from ._ops import BY_NAME, ReduceOp
+from ._work import Pending
+
+
+def _mpi_type(name: str) -> MPI.Datatype:
+    return getattr(MPI, name, MPI.DATATYPE_NULL)
+
+
+def _reduces_float16() -> bool:
+    """Whether this MPI sums float16 natively. A non-null ``MPI.FLOAT16_T`` is not enough:
+    Open MPI 4.1 gives one that every call then rejects (``MPI_ERR_TYPE``)."""
+    t = _mpi_type("FLOAT16_T")
+    if t == MPI.DATATYPE_NULL:
+        return False
+    ones, out = np.ones(2, np.float16), np.zeros(2, np.float16)
+    try:
+        MPI.COMM_SELF.Allreduce([ones, t], [out, t], MPI.SUM)
+    except MPI.Exception:
+        return False
+    return bool((out == ones).all())
+
+
+_HAS_FLOAT16 = _reduces_float16()
+
+#: dtype name -> MPI datatype that moves (and, unless in UPCAST, reduces) it
+MPI_TYPE = {
+    "int8": MPI.INT8_T,
+    "uint8": MPI.UINT8_T,
+    "int32": MPI.INT32_T,
+    "uint32": MPI.UINT32_T,
+    "int64": MPI.INT64_T,
+    "uint64": MPI.UINT64_T,
+    "float16": MPI.FLOAT16_T if _HAS_FLOAT16 else MPI.UINT16_T,
+    "float32": MPI.FLOAT,
+    "float64": MPI.DOUBLE,
+    "bfloat16": MPI.UINT16_T,
+    "complex64": MPI.C_FLOAT_COMPLEX,
+    "complex128": MPI.C_DOUBLE_COMPLEX,
+}
+
+#: dtypes this MPI cannot reduce natively: reduced in float32, then rounded back
+UPCAST = frozenset({"bfloat16"} if _HAS_FLOAT16 else {"bfloat16", "float16"})
+
+#: ReduceOp -> MPI op (AVG is a sum divided afterwards); keyed for the verbs' ``op``, which
+#: the front end has checked is a ReduceOp wherever the call reduces
+MPI_OP: dict[ReduceOp | None, MPI.Op] = {
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.PROD: MPI.PROD,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.AVG: MPI.SUM,
+}
+
+#: native-order dtype -> (name, MPI type) for the dtypes MPI reduces natively: the direct
+#: path's table (_direct.FAST_TYPE), looked up once per call (a swapped byte order is not
+#: equal, so it misses; complex is left to the checked path: it has no max or min)
+FAST_TYPE_OBJECTS = {
+    np.dtype(ch): (name, MPI_TYPE[name])
+    for ch, name in NAME_OF_CHAR.items()
+    if name not in UPCAST and name not in COMPLEX
+}
+
+#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op), AVG excepted
+FAST_OP_OBJECTS = {key: (op, MPI_OP[op]) for key, op in BY_NAME.items() if op is not ReduceOp.AVG}
+
+
+def mpi_cuda_aware() -> bool:
+    """Whether CuPy arrays may be handed to MPI directly (env ``COLLECTIVES_MPI_CUDA_AWARE``)."""
+    forced = os.environ.get("COLLECTIVES_MPI_CUDA_AWARE")
+    if forced is not None:
+        return forced == "1"
+    try:
+        # mpi4py loads libmpi privately: its symbols are not the process's, so open it by name
+        query = ctypes.CDLL(library_path()).MPIX_Query_cuda_support
+    except (AttributeError, OSError):
+        return False
+    return bool(query())
+
+
+#: MPI libraries whose non-blocking collectives are slower than their blocking ones (measured:
+#: benchmarks/README.md), where synchronous calls are blocking ones unless told otherwise
+SLOWER_NON_BLOCKING = frozenset({"Open MPI", "Intel MPI"})
+
+
+def blocking_by_default() -> bool:
+    """``COLLECTIVES_MPI_BLOCKING`` (``1``/``0``), else whether this MPI is in
+    :data:`SLOWER_NON_BLOCKING`."""
+    told = os.environ.get("COLLECTIVES_MPI_BLOCKING", "")
+    if told in ("0", "1"):
+        return told == "1"
+    return MPI.get_vendor()[0] in SLOWER_NON_BLOCKING
+
+
+def library_path() -> str | None:
+    """The file of the libmpi that mpi4py loaded (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if re.search(r"/libmpi(_[a-z]+)?\.so", path):  # not libmpifort, libmpicxx
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+class MpiPending(Pending):
+    """One non-blocking MPI request; waiting polls it against the communicator's deadline.
+
+    mpi4py requests do not keep their buffers alive, so the pending owns ``arrays``: the
+    arguments handed to MPI, widened and staged copies included. While it is incomplete it
+    also sits in its backend's ``in_flight``, so that a dropped ``Work`` cannot free them either.
+    """
+
+    def __init__(
+        self,
+        request: MPI.Request,
+        arrays: Any = None,
+        in_flight: set | None = None,
+        finish: Callable[[], None] | None = None,
+    ):
+        self.request = request
+        self.arrays = arrays
+        self.in_flight = in_flight
+        self.finish = finish
+        self.done = False
+        self.start = time.monotonic()
+        if in_flight is not None:
+            in_flight.add(self)
+
+    def test(self) -> bool:
+        if not self.done and self.request.Test():
+            self._complete()
+        return self.done
+
+    def synchronize(self, comm: Any) -> None:
+        if self.done:
+            return
+        test = self.request.Test
+        polls = 0
+        while not test():  # busy, as MPI's own blocking wait polls
+            polls += 1
+            if polls & 255 == 0:
+                self._waited(comm)
+        self._complete()
+
+    wait = synchronize  # MPI has no stream to order: waiting is blocking
+
+    def _complete(self) -> None:
+        super()._complete()
+        if self.in_flight is not None:
+            self.in_flight.discard(self)
+
+
+#: calls whose communicator was closed or aborted before they completed: MPI may still read
+#: and write their arrays, so they are kept here until a later look finds them complete
+_ABANDONED: list[MpiPending] = []
+
+
+def abandon(pendings: set) -> int:
+    """Keep the arrays of ``pendings`` alive past their communicator, for as long as MPI runs
+    them (their ``finish`` is never run: nobody waits for these results any more). Returns
+    how many of them MPI has not finished."""
+    _ABANDONED[:] = [p for p in _ABANDONED if not p.request.Test()]
+    kept = [p for p in pendings if not p.done and not p.request.Test()]
+    _ABANDONED.extend(kept)
+    pendings.clear()
+    return len(kept)
