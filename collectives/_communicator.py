@@ -1,42 +1,50 @@
-"""The public ``Communicator``: argument checks, bookkeeping, and dispatch to a backend.
+"""The public ``Communicator``: its verbs, bookkeeping, and dispatch to a backend.
 
-The verbs are thin: each checks its arguments locally (so bad input fails before any
-communication), then ``_run`` keeps the books (:mod:`._books`) and hands the same
+The verbs are thin: each checks its arguments locally (:mod:`._args`, so bad input fails
+before any communication), then ``_run`` keeps the books (:mod:`._books`) and hands the same
 ``(x, out, name, op, root)`` to the backend's verb of the same name. A synchronous
-``all_reduce`` or ``broadcast`` of a NumPy array on the MPI backend first tries the direct
-path (:mod:`._direct`), which keeps the same books in less.
+``all_reduce`` or ``broadcast`` of a NumPy array on a backend with a direct path (MPI's: it
+sets it up, :meth:`Backend.direct_path`) first tries that path (:mod:`._direct`), which keeps
+the same books in less. Ownership, closing and failure are in :mod:`._lifecycle`; the backend
+reaches the communicator only through the :class:`~collectives._backend.BackendContext` it is
+given.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct, _exit, _timeline
-from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
+from . import _direct, _timeline
+from ._args import (
+    check_leading,
+    check_peer,
+    check_root,
+    check_split,
+    checked_op,
+    checked_out,
+    checked_slot_out,
+    new_like,
+)
+from ._arrays import as_given, unwrap
 from ._backend import Backend, BackendContext, Stager, Verb
-from ._books import IN_USE, CallBooks
-from ._direct import distinct_twin
-from ._dtypes import COMPLEX, check_op_for_dtype
+from ._books import CallBooks
+from ._dtypes import COMPLEX
 from ._errors import (
     CollectivesError,
-    CollectiveTimeoutError,
-    CommunicatorStateError,
     InvalidArgumentError,
 )
 from ._guard import Guard
-from ._handshake import arrive
-from ._ops import BY_NAME, ReduceOp, parse_op
+from ._lifecycle import Lifecycle, usable_cores, world_ranks
+from ._ops import BY_NAME, ReduceOp
 from ._progress import ProgressBoard
-from ._work import Pending, Work, recorded
+from ._work import Pending, Work
 
 RECORDER_LENGTH = 64
 _get_ident = threading.get_ident
@@ -44,7 +52,7 @@ _HOST = frozenset({np.ndarray, type(None)})
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
 
-class Communicator:
+class Communicator(Lifecycle):
     """A group of ranks that run collectives together. Made by :func:`collectives.init`.
 
     Example:
@@ -69,14 +77,14 @@ class Communicator:
         self.mpi_comm = mpi_comm
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
-        self._world_ranks = _world_ranks(mpi_comm, self.size)
+        self._world_ranks = world_ranks(mpi_comm, self.size)
         self._progress: ProgressBoard | None = ProgressBoard(mpi_comm)
         self.local_rank: int = self._progress.local_rank
         self.local_size: int = len(self._progress.members)
         # A waiting rank polls like MPI's own wait. When a node runs more ranks than it has
         # cores, the rank it waits for may need this core: then yield it after 100 us, not 10 ms
         # (small calls on 4 ranks over 2 cores measured 20x faster).
-        yield_after = 1e-4 if self.local_size > _cores() else 1e-2
+        yield_after = 1e-4 if self.local_size > usable_cores() else 1e-2
         self._books = books = CallBooks(
             self._progress.slots,
             self.local_rank,
@@ -369,16 +377,7 @@ class Communicator:
         """
         self._usable("split")
         self._own("split")
-        if color is not None and (type(color) is not int or color < 0):
-            raise InvalidArgumentError(
-                f"split: color must be a non-negative int or None, got {color!r}"
-            )
-        if key is not None and (type(key) is not int or not -(2**31) <= key < 2**31):
-            raise InvalidArgumentError(
-                f"split: key must be an int in [-2**31, 2**31) or None, got {key!r}"
-            )
-        if color is not None and color >= 2**31:
-            raise InvalidArgumentError(f"split: color must be below 2**31, got {color!r}")
+        check_split(color, key)
         key = self.rank if key is None else key
         self._arrive("split")
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
@@ -397,72 +396,6 @@ class Communicator:
         # cores, a waiting rank of the part must yield its core as early as the parent's.
         sub._books.yield_after = min(sub._books.yield_after, self._books.yield_after)
         return sub
-
-    def hand_over(self, thread: threading.Thread) -> None:
-        """Make ``thread`` the only one that may issue calls on this communicator from now on.
-
-        A communicator belongs to the thread that made it; a call from any other thread raises
-        ``CommunicatorStateError`` (on every rank alike, before any communication). Only the
-        owner may hand it over, between calls (async work it issued may still be waited on from
-        any thread); every rank should hand it over at the same point of its program. Local:
-        nothing is communicated.
-
-        Example:
-            >>> worker = threading.Thread(target=train, args=(comm,))
-            >>> comm.hand_over(worker)     # before worker.start() is fine
-            >>> worker.start()
-        """
-        if not isinstance(thread, threading.Thread):
-            raise InvalidArgumentError(
-                f"hand_over: thread must be a threading.Thread, got {type(thread).__name__}"
-            )
-        self._own("hand_over")
-        if not self._books.token:
-            raise CommunicatorStateError(f"hand_over: {IN_USE}")
-        self._owner_thread, self._owner = thread, thread.ident
-        self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
-
-    @property
-    def owner(self) -> threading.Thread:
-        """The thread that may issue calls on this communicator (see :meth:`hand_over`)."""
-        return self._owner_thread
-
-    def _own(self, call: str) -> None:
-        """Raise ``CommunicatorStateError`` unless the calling thread owns the communicator."""
-        ident = _get_ident()
-        if ident == self._owner:
-            return
-        owner = self._owner_thread
-        if self._owner is None and owner.ident == ident:  # handed over before it started
-            self._owner = self._books.owner = ident
-            return
-        raise CommunicatorStateError(
-            f"{call}: called from thread {threading.current_thread().name!r}, but the "
-            f"communicator belongs to thread {owner.name!r} (the thread that made it, or that "
-            "comm.hand_over() gave it to); every rank refuses such a call alike, so that no "
-            "rank matches one thread's call with another thread's"
-        )
-
-    def close(self) -> None:
-        """Free the communicator, once the calls in flight have finished (waiting at most the
-        timeout for them). Idempotent; every rank should call it."""
-        if isinstance(self._unusable, _Closed):
-            return
-        if self._unusable is None:
-            self._impl.drain()
-        self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
-        self._unusable = _Closed("communicator is closed")
-        self._fast = None
-        self._free_mpi()
-
-    def abort(self) -> None:
-        """Tear the communicator down without waiting for operations in flight."""
-        if isinstance(self._unusable, _Closed):
-            return
-        self._unusable = _Closed("communicator was aborted")
-        self._fast = None
-        self._impl.abort()
-        self._free_mpi()
 
     def __enter__(self) -> Communicator:
         return self
@@ -483,28 +416,6 @@ class Communicator:
 
             return cupy
         return np
-
-    @property
-    def closed(self) -> bool:
-        return self._unusable is not None
-
-    def mpi_comm_world_ranks(self) -> list[int]:
-        """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order.
-        Computed at creation: a watchdog thread reads it, and MPI may be called from
-        other threads only under ``MPI_THREAD_MULTIPLE``."""
-        return list(self._world_ranks)
-
-    def _post_waiting(self, pending: Pending) -> Any:
-        """Say on the progress board which call this rank waits in; the board, or None."""
-        board = self._progress
-        if board is not None:
-            board.waiting(f"{pending.call} ({pending.detail})")
-        return board
-
-    def progress_report(self) -> str:
-        """Which ranks have not reached this rank's latest call (those on this node)."""
-        board = self._progress
-        return "" if board is None else board.report()
 
     # ---------------------------------------------------------------- internals
 
@@ -583,178 +494,26 @@ class Communicator:
         except MPI.Exception as e:
             self._mpi_error(pending.call, e)
 
-    def _fatal(self, error: CollectivesError) -> None:
-        """A wait that timed out, or a backend that raises the error that ended it (and keeps
-        it as ``failure``): from then on this communicator is dead too. Backends raise; only
-        the front end declares the communicator dead."""
-        if isinstance(error, CollectiveTimeoutError) or error is self._impl.failure:
-            self._die(error)
-
-    def _mpi_error(self, call: str, error: MPI.Exception) -> NoReturn:
-        """An MPI error raised as a ``CollectivesError`` naming the call and the error; the
-        communicator is dead (MPI leaves it in no known state), and the other ranks are told."""
-        wrapped = CollectivesError(
-            f"{call}: MPI error {error.Get_error_class()} on rank {self.rank}: "
-            f"{error.Get_error_string().strip()}; the communicator is unusable"
-        )
-        wrapped.__cause__ = error
-        self._die(wrapped)
-        raise wrapped  # _die raised already; for the type checker
-
-    def _arrive(self, call: str) -> None:
-        """Before blocking MPI steps that every rank takes (making communicators): return
-        once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
-        not, the communicator dead (:mod:`._handshake`)."""
-        guard = self._books.checker
-        try:  # on the guard's private communicator: no user message can match it
-            if guard is None:
-                arrive(self.mpi_comm, call, self.timeout)
-            else:
-                arrive(guard.notice.mpi, call, self.timeout, stamp=guard.notice.id)
-        except CollectiveTimeoutError as e:
-            self._die(e)
-
-    def _check_peers(self, call: str) -> None:
-        """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
-        it failed (:mod:`._guard`)."""
-        guard = self._books.checker
-        text = None if guard is None or self._unusable is not None else guard.failure()
-        if text is not None:
-            self._die(CommunicatorStateError(f"{call}: communicator is unusable: {text}"), False)
-
-    def _die(self, error: CollectivesError, announce: bool = True) -> None:
-        """Mark the communicator dead after a timeout, abort the backend, raise ``error``;
-        tell the other ranks unless they told this one."""
-        if self._unusable is None:
-            self._unusable = error
-            self._failed = True
-            self._fast = None
-            _exit.failed(error, self.timeout)
-            guard = self._books.checker
-            if announce and guard is not None:
-                world = self._world_ranks[self.rank]
-                guard.announce(f"rank {self.rank} (world rank {world}) declared it failed: {error}")
-            self._dump_flight_record()
-            self._impl.abort()
-        raise error
-
-    def flight_record(self) -> list[dict]:
-        """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
-        return [recorded(p).as_dict() for p in self.recorder]
-
-    def _dump_flight_record(self) -> None:
-        folder = os.environ.get("COLLECTIVES_FLIGHT_RECORDER")
-        if folder:
-            path = os.path.join(folder, f"flight-recorder.rank{MPI.COMM_WORLD.Get_rank()}.json")
-            with open(path, "w") as f:
-                json.dump(
-                    {"rank": self.rank, "size": self.size, "calls": self.flight_record()},
-                    f,
-                    indent=1,
-                    default=str,
-                )
-
-    def _unusable_error(self, call: str) -> CollectivesError:
-        reason = self._unusable
-        if isinstance(reason, _Closed):
-            return CommunicatorStateError(f"{call}: {reason} (rank {self.rank})")
-        return CommunicatorStateError(
-            f"{call}: communicator is unusable after an earlier error: {reason}"
-        )
-
-    def _usable(self, call: str) -> None:
-        if self._unusable is not None:
-            raise self._unusable_error(call)
-
-    def _free_mpi(self) -> None:
-        if self._progress is not None:
-            self._progress.close()
-            self._progress = None
-        # A communicator with calls still in flight is left to MPI_Finalize: freeing it under
-        # a pending collective crashes Open MPI when the request is next tested.
-        if self.mpi_comm != MPI.COMM_NULL and not self._impl.unfinished:
-            self.mpi_comm.Free()
-        if self._books.checker is not None:
-            self._books.checker.close(failed=self._failed)
-
-    def _op(self, call: str, op: Any, name: str) -> ReduceOp:
-        op = parse_op(op, call)
-        check_op_for_dtype(op, name, call)
-        return op
+    # The argument checks (:mod:`._args`), with this communicator's rank and size.
+    _op = staticmethod(checked_op)
+    _new = staticmethod(new_like)
+    _out = staticmethod(checked_out)
 
     def _root(self, call: str, root: Any) -> None:
-        if type(root) is not int or not 0 <= root < self.size:
-            raise InvalidArgumentError(
-                f"{call}: root must be an int in [0, {self.size}), got {root!r}"
-            )
+        check_root(call, root, self.size)
 
     def _peer(self, call: str, peer: Any) -> None:
-        if type(peer) is not int or not 0 <= peer < self.size:
-            raise InvalidArgumentError(
-                f"{call}: peer must be an int in [0, {self.size}), got {peer!r}"
-            )
-        if peer == self.rank and self._group is None:
-            raise InvalidArgumentError(
-                f"{call}: peer {peer} is this rank: a {call} to itself outside "
-                "comm.group() can never complete"
-            )
+        check_peer(call, peer, self.rank, self.size, self._group is not None)
 
     def _leading(self, call: str, x: Any) -> None:
-        if x.ndim == 0 or x.shape[0] != self.size:
-            raise InvalidArgumentError(
-                f"{call}: x has shape {x.shape}, expected a first axis of size {self.size}"
-            )
-
-    def _new(self, x: Any, shape: tuple) -> Any:
-        xp = array_module(x)
-        if xp is np:
-            return np.empty(shape, x.dtype)
-        with x.device:  # on x's GPU, whichever is current
-            return xp.empty(shape, x.dtype)
-
-    def _out(self, call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
-        if type(x) is np.ndarray and distinct_twin(out, x) and out.shape == shape:
-            return out
-        out, out_name = unwrap(out, call, "out")
-        same_kind(call, x, name, out, out_name, shape)
-        return x if overlap_check(call, x, out) else out
+        check_leading(call, x, self.size)
 
     def _slot_out(
         self, call: str, out: Any, x: Any, name: str, shape: tuple, out_is_part: bool = False
     ) -> Any:
-        """``out`` for calls whose in-place form has one array be the rank's slot of the other."""
-        out, out_name = unwrap(out, call, "out")
-        same_kind(call, x, name, out, out_name, shape)
-        part, whole = (out, x) if out_is_part else (x, out)
-        if not is_slot(part, whole, self.rank):
-            overlap_check(call, x, out)
-        return out
-
-
-def _world_ranks(mpi_comm: MPI.Comm, size: int) -> list[int]:
-    """The ``MPI.COMM_WORLD`` ranks of ``mpi_comm``'s members, in rank order."""
-    try:
-        group, world = mpi_comm.Get_group(), MPI.COMM_WORLD.Get_group()
-        try:
-            return list(MPI.Group.Translate_ranks(group, list(range(size)), world))
-        finally:
-            group.Free()
-            world.Free()
-    except Exception:
-        return list(range(size))
+        return checked_slot_out(call, out, x, name, shape, self.rank, out_is_part)
 
 
 def _no_direct_path(request: Any, entry: list, args: tuple) -> None:
     """``books.wait_long`` where the backend has set up no direct path: never called."""
     raise RuntimeError("no direct path on this communicator")
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-class _Closed(CollectivesError):
-    pass

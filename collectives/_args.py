@@ -1,0 +1,110 @@
+"""The argument checks the verbs make before any communication: pure functions of the
+arguments and of the communicator's rank and size, shared by :class:`~collectives.Communicator`
+and the hierarchical view (:mod:`._hierarchical`).
+
+Each raises ``InvalidArgumentError`` naming the call, or returns what the call goes on with.
+
+Example:
+    >>> checked_op("all_reduce", "avg", "float32")
+    <ReduceOp.AVG: 'avg'>
+    >>> check_root("reduce", 4, size=4)
+    Traceback (most recent call last):
+    InvalidArgumentError: reduce: root must be an int in [0, 4), got 4
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
+from ._direct import distinct_twin
+from ._dtypes import check_op_for_dtype
+from ._errors import InvalidArgumentError
+from ._ops import ReduceOp, parse_op
+
+
+def checked_op(call: str, op: Any, name: str) -> ReduceOp:
+    """``op`` as a :class:`ReduceOp`, one that reduces dtype ``name``."""
+    op = parse_op(op, call)
+    check_op_for_dtype(op, name, call)
+    return op
+
+
+def check_root(call: str, root: Any, size: int) -> None:
+    if type(root) is not int or not 0 <= root < size:
+        raise InvalidArgumentError(f"{call}: root must be an int in [0, {size}), got {root!r}")
+
+
+def check_peer(call: str, peer: Any, rank: int, size: int, grouped: bool) -> None:
+    """A peer of point-to-point calls; this rank only inside ``comm.group()`` (``grouped``)."""
+    if type(peer) is not int or not 0 <= peer < size:
+        raise InvalidArgumentError(f"{call}: peer must be an int in [0, {size}), got {peer!r}")
+    if peer == rank and not grouped:
+        raise InvalidArgumentError(
+            f"{call}: peer {peer} is this rank: a {call} to itself outside "
+            "comm.group() can never complete"
+        )
+
+
+def check_leading(call: str, x: Any, size: int) -> None:
+    """``x``'s first axis is of the communicator's size."""
+    if x.ndim == 0 or x.shape[0] != size:
+        raise InvalidArgumentError(
+            f"{call}: x has shape {x.shape}, expected a first axis of size {size}"
+        )
+
+
+def new_like(x: Any, shape: tuple) -> Any:
+    """A new array of ``x``'s module and dtype (on ``x``'s GPU for a device array)."""
+    xp = array_module(x)
+    if xp is np:
+        return np.empty(shape, x.dtype)
+    with x.device:  # on x's GPU, whichever is current
+        return xp.empty(shape, x.dtype)
+
+
+def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
+    """``out`` (unwrapped) where it is of ``x``'s kind and of ``shape``; ``x`` when it is
+    ``x`` itself."""
+    if type(x) is np.ndarray and distinct_twin(out, x) and out.shape == shape:
+        return out
+    out, out_name = unwrap(out, call, "out")
+    same_kind(call, x, name, out, out_name, shape)
+    return x if overlap_check(call, x, out) else out
+
+
+def checked_slot_out(
+    call: str, out: Any, x: Any, name: str, shape: tuple, rank: int, out_is_part: bool = False
+) -> Any:
+    """``out`` for calls whose in-place form has one array be the rank's slot of the other."""
+    out, out_name = unwrap(out, call, "out")
+    same_kind(call, x, name, out, out_name, shape)
+    part, whole = (out, x) if out_is_part else (x, out)
+    if not is_slot(part, whole, rank):
+        overlap_check(call, x, out)
+    return out
+
+
+def check_writeable(call: str, x: Any, out: Any) -> None:
+    """A NumPy ``out`` that the call writes is writeable."""
+    if type(out) is np.ndarray and not out.flags.writeable:
+        what = "x" if out is x else "out"
+        raise InvalidArgumentError(
+            f"{call}: {what} is read-only, and {call} writes its result there"
+        )
+
+
+def check_split(color: Any, key: Any) -> None:
+    """``split``'s color (a non-negative int below 2**31, or None) and key (a C int, or None)."""
+    if color is not None and (type(color) is not int or color < 0):
+        raise InvalidArgumentError(
+            f"split: color must be a non-negative int or None, got {color!r}"
+        )
+    if key is not None and (type(key) is not int or not -(2**31) <= key < 2**31):
+        raise InvalidArgumentError(
+            f"split: key must be an int in [-2**31, 2**31) or None, got {key!r}"
+        )
+    if color is not None and color >= 2**31:
+        raise InvalidArgumentError(f"split: color must be below 2**31, got {color!r}")

@@ -1,0 +1,259 @@
+"""What a :class:`~collectives.Communicator` is apart from its calls: which thread owns it,
+how it closes, how it fails (declared dead here or by another rank, and the flight record
+it leaves), and what a wait says on the progress board.
+
+:class:`Lifecycle` is a base of ``Communicator``, which sets the attributes declared here.
+
+Example:
+    >>> comm.hand_over(worker)     # only worker may issue calls from now on
+    >>> comm.close()               # or comm.abort(): no waiting for calls in flight
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, NoReturn
+
+from mpi4py import MPI
+
+from . import _exit
+from ._backend import Backend
+from ._books import IN_USE, CallBooks
+from ._errors import (
+    CollectivesError,
+    CollectiveTimeoutError,
+    CommunicatorStateError,
+    InvalidArgumentError,
+)
+from ._handshake import arrive
+from ._progress import ProgressBoard
+from ._work import Pending, recorded
+
+_get_ident = threading.get_ident
+
+
+class Lifecycle:
+    """Ownership, closing and failure of a communicator (a base of ``Communicator``)."""
+
+    rank: int
+    size: int
+    timeout: float
+    mpi_comm: MPI.Comm
+    recorder: Any
+    _impl: Backend
+    _books: CallBooks
+    _progress: ProgressBoard | None
+    _world_ranks: list[int]
+    _unusable: CollectivesError | None
+    _failed: bool
+    _fast: CallBooks | None
+    _owner_thread: threading.Thread
+    _owner: int | None
+
+    def hand_over(self, thread: threading.Thread) -> None:
+        """Make ``thread`` the only one that may issue calls on this communicator from now on.
+
+        A communicator belongs to the thread that made it; a call from any other thread raises
+        ``CommunicatorStateError`` (on every rank alike, before any communication). Only the
+        owner may hand it over, between calls (async work it issued may still be waited on from
+        any thread); every rank should hand it over at the same point of its program. Local:
+        nothing is communicated.
+
+        Example:
+            >>> worker = threading.Thread(target=train, args=(comm,))
+            >>> comm.hand_over(worker)     # before worker.start() is fine
+            >>> worker.start()
+        """
+        if not isinstance(thread, threading.Thread):
+            raise InvalidArgumentError(
+                f"hand_over: thread must be a threading.Thread, got {type(thread).__name__}"
+            )
+        self._own("hand_over")
+        if not self._books.token:
+            raise CommunicatorStateError(f"hand_over: {IN_USE}")
+        self._owner_thread, self._owner = thread, thread.ident
+        self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
+
+    @property
+    def owner(self) -> threading.Thread:
+        """The thread that may issue calls on this communicator (see :meth:`hand_over`)."""
+        return self._owner_thread
+
+    def _own(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` unless the calling thread owns the communicator."""
+        ident = _get_ident()
+        if ident == self._owner:
+            return
+        owner = self._owner_thread
+        if self._owner is None and owner.ident == ident:  # handed over before it started
+            self._owner = self._books.owner = ident
+            return
+        raise CommunicatorStateError(
+            f"{call}: called from thread {threading.current_thread().name!r}, but the "
+            f"communicator belongs to thread {owner.name!r} (the thread that made it, or that "
+            "comm.hand_over() gave it to); every rank refuses such a call alike, so that no "
+            "rank matches one thread's call with another thread's"
+        )
+
+    def close(self) -> None:
+        """Free the communicator, once the calls in flight have finished (waiting at most the
+        timeout for them). Idempotent; every rank should call it."""
+        if isinstance(self._unusable, _Closed):
+            return
+        if self._unusable is None:
+            self._impl.drain()
+        self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
+        self._unusable = _Closed("communicator is closed")
+        self._fast = None
+        self._free_mpi()
+
+    def abort(self) -> None:
+        """Tear the communicator down without waiting for operations in flight."""
+        if isinstance(self._unusable, _Closed):
+            return
+        self._unusable = _Closed("communicator was aborted")
+        self._fast = None
+        self._impl.abort()
+        self._free_mpi()
+
+    @property
+    def closed(self) -> bool:
+        return self._unusable is not None
+
+    def mpi_comm_world_ranks(self) -> list[int]:
+        """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order.
+        Computed at creation: a watchdog thread reads it, and MPI may be called from
+        other threads only under ``MPI_THREAD_MULTIPLE``."""
+        return list(self._world_ranks)
+
+    def _post_waiting(self, pending: Pending) -> Any:
+        """Say on the progress board which call this rank waits in; the board, or None."""
+        board = self._progress
+        if board is not None:
+            board.waiting(f"{pending.call} ({pending.detail})")
+        return board
+
+    def progress_report(self) -> str:
+        """Which ranks have not reached this rank's latest call (those on this node)."""
+        board = self._progress
+        return "" if board is None else board.report()
+
+    def _fatal(self, error: CollectivesError) -> None:
+        """A wait that timed out, or a backend that raises the error that ended it (and keeps
+        it as ``failure``): from then on this communicator is dead too. Backends raise; only
+        the front end declares the communicator dead."""
+        if isinstance(error, CollectiveTimeoutError) or error is self._impl.failure:
+            self._die(error)
+
+    def _mpi_error(self, call: str, error: MPI.Exception) -> NoReturn:
+        """An MPI error raised as a ``CollectivesError`` naming the call and the error; the
+        communicator is dead (MPI leaves it in no known state), and the other ranks are told."""
+        wrapped = CollectivesError(
+            f"{call}: MPI error {error.Get_error_class()} on rank {self.rank}: "
+            f"{error.Get_error_string().strip()}; the communicator is unusable"
+        )
+        wrapped.__cause__ = error
+        self._die(wrapped)
+        raise wrapped  # _die raised already; for the type checker
+
+    def _arrive(self, call: str) -> None:
+        """Before blocking MPI steps that every rank takes (making communicators): return
+        once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
+        not, the communicator dead (:mod:`._handshake`)."""
+        guard = self._books.checker
+        try:  # on the guard's private communicator: no user message can match it
+            if guard is None:
+                arrive(self.mpi_comm, call, self.timeout)
+            else:
+                arrive(guard.notice.mpi, call, self.timeout, stamp=guard.notice.id)
+        except CollectiveTimeoutError as e:
+            self._die(e)
+
+    def _check_peers(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
+        it failed (:mod:`._guard`)."""
+        guard = self._books.checker
+        text = None if guard is None or self._unusable is not None else guard.failure()
+        if text is not None:
+            self._die(CommunicatorStateError(f"{call}: communicator is unusable: {text}"), False)
+
+    def _die(self, error: CollectivesError, announce: bool = True) -> None:
+        """Mark the communicator dead after a timeout, abort the backend, raise ``error``;
+        tell the other ranks unless they told this one."""
+        if self._unusable is None:
+            self._unusable = error
+            self._failed = True
+            self._fast = None
+            _exit.failed(error, self.timeout)
+            guard = self._books.checker
+            if announce and guard is not None:
+                world = self._world_ranks[self.rank]
+                guard.announce(f"rank {self.rank} (world rank {world}) declared it failed: {error}")
+            self._dump_flight_record()
+            self._impl.abort()
+        raise error
+
+    def flight_record(self) -> list[dict]:
+        """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
+        return [recorded(p).as_dict() for p in self.recorder]
+
+    def _dump_flight_record(self) -> None:
+        folder = os.environ.get("COLLECTIVES_FLIGHT_RECORDER")
+        if folder:
+            path = os.path.join(folder, f"flight-recorder.rank{MPI.COMM_WORLD.Get_rank()}.json")
+            with open(path, "w") as f:
+                json.dump(
+                    {"rank": self.rank, "size": self.size, "calls": self.flight_record()},
+                    f,
+                    indent=1,
+                    default=str,
+                )
+
+    def _unusable_error(self, call: str) -> CollectivesError:
+        reason = self._unusable
+        if isinstance(reason, _Closed):
+            return CommunicatorStateError(f"{call}: {reason} (rank {self.rank})")
+        return CommunicatorStateError(
+            f"{call}: communicator is unusable after an earlier error: {reason}"
+        )
+
+    def _usable(self, call: str) -> None:
+        if self._unusable is not None:
+            raise self._unusable_error(call)
+
+    def _free_mpi(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        # A communicator with calls still in flight is left to MPI_Finalize: freeing it under
+        # a pending collective crashes Open MPI when the request is next tested.
+        if self.mpi_comm != MPI.COMM_NULL and not self._impl.unfinished:
+            self.mpi_comm.Free()
+        if self._books.checker is not None:
+            self._books.checker.close(failed=self._failed)
+
+
+def world_ranks(mpi_comm: MPI.Comm, size: int) -> list[int]:
+    """The ``MPI.COMM_WORLD`` ranks of ``mpi_comm``'s members, in rank order."""
+    try:
+        group, world = mpi_comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(group, list(range(size)), world))
+        finally:
+            group.Free()
+            world.Free()
+    except Exception:
+        return list(range(size))
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _Closed(CollectivesError):
+    pass
