@@ -27,6 +27,7 @@ from ._args import (
     check_peer,
     check_root,
     check_split,
+    check_writeable,
     checked_op,
     checked_out,
     checked_slot_out,
@@ -349,7 +350,7 @@ class Communicator(Lifecycle):
         if self._group is not None:  # nested: join the outer group
             yield self
             return
-        self._usable("group")
+        self.ensure_usable("group")
         self._own("group")
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
@@ -375,11 +376,11 @@ class Communicator(Lifecycle):
 
         Every rank must call it. Ranks are ordered by ``key`` (default: current rank).
         """
-        self._usable("split")
+        self.ensure_usable("split")
         self._own("split")
         check_split(color, key)
         key = self.rank if key is None else key
-        self._arrive("split")
+        self.arrive("split")
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
         impl, extra = self._impl.split(child, color, key)
         if child == MPI.COMM_NULL:
@@ -396,6 +397,15 @@ class Communicator(Lifecycle):
         # cores, a waiting rank of the part must yield its core as early as the parent's.
         sub._books.yield_after = min(sub._books.yield_after, self._books.yield_after)
         return sub
+
+    def check_arrays(self, call: str, x: Any, out: Any) -> None:
+        """Raise ``InvalidArgumentError`` naming ``call`` where the backend cannot take ``x``
+        or ``out`` (NCCL: CuPy arrays on its device only) or ``out`` is a read-only NumPy
+        array: the checks a call makes of its arrays, for views built on the communicator
+        (:func:`collectives.hierarchical`). Local: nothing is communicated."""
+        if self._check_arrays is not None:
+            self._check_arrays(call, x, out)
+        check_writeable(call, x, out)
 
     def __enter__(self) -> Communicator:
         return self

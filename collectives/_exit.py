@@ -28,6 +28,8 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
+from ._stderr import let_the_launcher_read_stderr
+
 FAILED_EXIT_CODE = 1
 
 
@@ -123,9 +125,7 @@ def _at_exit() -> None:
 
 
 def _abort(message: str, code: int) -> None:
-    from ._abort import _let_the_launcher_read_stderr
-
     sys.stderr.write(message)
     sys.stderr.flush()
-    _let_the_launcher_read_stderr()
+    let_the_launcher_read_stderr()
     MPI.COMM_WORLD.Abort(code)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from ._args import check_leading, checked_op, checked_out, checked_slot_out, new_like
 from ._arrays import array_module, as_bfloat16, is_device_array, unwrap
 from ._communicator import Communicator
 from ._dtypes import FLOATING
@@ -70,14 +71,14 @@ def hierarchical(
         raise InvalidArgumentError(
             f"{_CALL}: comm must be a Communicator, got {type(comm).__name__}"
         )
-    comm._usable(_CALL)
+    comm.ensure_usable(_CALL)
     if ranks_per_node is None:
         ranks_per_node = ranks_per_node_from_env()
     elif type(ranks_per_node) is not int or ranks_per_node < 1:
         raise InvalidArgumentError(
             f"{_CALL}: ranks_per_node must be a positive int, got {ranks_per_node!r}"
         )
-    comm._arrive(_CALL)  # the node split below blocks: first check that every rank came
+    comm.arrive(_CALL)  # the node split below blocks: first check that every rank came
     if ranks_per_node is not None:
         nodes = node_layout(emulated_keys(comm.size, ranks_per_node))
     else:
@@ -177,7 +178,7 @@ class HierarchicalWork:
         covered."""
         if self._later or not self._works:
             return None
-        return getattr(self._works[-1], "event", None)
+        return self._works[-1].event  # a Work (each step is one call, async_op=True)
 
     @property
     def result(self) -> Any:
@@ -235,6 +236,13 @@ class HierarchicalCommunicator:
         self._used_rows = np.array(used)
         self._unused_rows = len(used) < len(blocks)
         self._used_ranks = np.array([blocks[i] for i in used])
+        self._arrangements = {
+            "_slot_rows": self._slot_rows,
+            "_slot_positions": self._slot_positions,
+            "_block_rows": self._block_rows,
+            "_used_rows": self._used_rows,
+            "_used_ranks": self._used_ranks,
+        }
         self._indexes: dict[Any, dict[str, Any]] = {}
         self._grouped = False
         self._closed = False
@@ -258,10 +266,10 @@ class HierarchicalCommunicator:
         """As ``Communicator.all_reduce``: reduce-scatter in the node, all-reduce across
         nodes, all-gather in the node. A count that the largest node's size does not divide
         is padded."""
-        call, parent = "all_reduce", self.parent
+        call = "all_reduce"
         x, name = unwrap(x, call)
-        op = parent._op(call, op, name)
-        out = x if out is None else parent._out(call, out, x, name, x.shape)
+        op = checked_op(call, op, name)
+        out = x if out is None else checked_out(call, out, x, name, x.shape)
         self._check(call, x, out)
         first, second, after = self._ops(op, name, out)
         n, slots, rows = x.size, self.layout.widest, self.layout.slots_per_rank
@@ -270,7 +278,7 @@ class HierarchicalCommunicator:
             src = x.reshape(self.local_size, rows * chunk)
             dst = src if out is x else out.reshape(self.local_size, rows * chunk)
         else:  # padded to equal slots, plus a zero row for the unused rows of a smaller node
-            padded = parent._new(x, (slots + 1, chunk))
+            padded = new_like(x, (slots + 1, chunk))
             flat = padded.reshape(-1)
             flat[n:] = 0
             flat[:n] = x.reshape(-1)
@@ -306,30 +314,30 @@ class HierarchicalCommunicator:
         """As ``Communicator.reduce_scatter``: reduce-scatter in the node (each local rank
         gets the node's sum of the blocks of the ranks whose slot it carries, on every node),
         then across nodes."""
-        call, parent = "reduce_scatter", self.parent
+        call = "reduce_scatter"
         x, name = unwrap(x, call)
-        parent._leading(call, x)
-        op = parent._op(call, op, name)
+        check_leading(call, x, self.size)
+        op = checked_op(call, op, name)
         shape = x.shape[1:]
         if out is None:
-            out = parent._new(x, shape)
+            out = new_like(x, shape)
         else:
-            out = parent._slot_out(call, out, x, name, shape, out_is_part=True)
+            out = checked_slot_out(call, out, x, name, shape, self.rank, out_is_part=True)
         self._check(call, x, out)
         first, second, after = self._ops(op, name, out)
         block, rows, nodes = math.prod(shape), self.layout.slots_per_rank, self.nodes
         blocks = x.reshape(self.size, block)
         if self._block_rows is not None:
             if self._unused_rows:  # which read a zero block
-                spare = parent._new(x, (self.size + 1, block))
+                spare = new_like(x, (self.size + 1, block))
                 spare[: self.size] = blocks
                 spare[self.size] = 0
                 blocks = spare
             blocks = self._take(blocks, "_block_rows")
         arranged = blocks.reshape(self.local_size, rows * nodes * block)
-        partial = parent._new(x, (rows, nodes, block))
+        partial = new_like(x, (rows, nodes, block))
         # row 0 is this rank's own slot, whose block is the result; other rows' are not
-        unused = parent._new(x, (block,)) if len(self._carriers) > 1 else None
+        unused = new_like(x, (block,)) if len(self._carriers) > 1 else None
         w = _wrapper(name)
 
         def inside(a: bool) -> Any:
@@ -346,22 +354,26 @@ class HierarchicalCommunicator:
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """As ``Communicator.all_gather``: all-gather across nodes (the blocks of the ranks
         whose slot this rank carries, on every node), then in the node."""
-        call, parent = "all_gather", self.parent
+        call = "all_gather"
         x, name = unwrap(x, call)
         shape = (self.size, *x.shape)
-        out = parent._new(x, shape) if out is None else parent._slot_out(call, out, x, name, shape)
+        out = (
+            new_like(x, shape)
+            if out is None
+            else checked_slot_out(call, out, x, name, shape, self.rank)
+        )
         self._check(call, x, out)
         block, rows, nodes = x.size, self.layout.slots_per_rank, self.nodes
-        gathered_across = parent._new(x, (rows, nodes, block))
+        gathered_across = new_like(x, (rows, nodes, block))
         nothing = None  # what this rank sends for the slots it carries for missing ranks
         if len(self._carriers) > 1:
-            nothing = parent._new(x, (block,))
+            nothing = new_like(x, (block,))
             nothing[...] = 0
         after: list[Callable[[], None]] = []
         if self._block_rows is None:
             gathered = out.reshape(self.local_size, rows * nodes * block)
         else:
-            gathered = parent._new(x, (self.local_size, rows * nodes * block))
+            gathered = new_like(x, (self.local_size, rows * nodes * block))
 
             def place() -> None:
                 by_row = gathered.reshape(-1, block)
@@ -471,15 +483,8 @@ class HierarchicalCommunicator:
                 f"{call}: a hierarchical call cannot run inside comm.group(): its steps depend on "
                 "each other; call it outside the with-block"
             )
-        self.parent._usable(call)
-        check_arrays = self.parent._check_arrays
-        if check_arrays is not None:
-            check_arrays(call, x, out)
-        if type(out) is np.ndarray and not out.flags.writeable:
-            what = "x" if out is x else "out"
-            raise InvalidArgumentError(
-                f"{call}: {what} is read-only, and {call} writes its result there"
-            )
+        self.parent.ensure_usable(call)
+        self.parent.check_arrays(call, x, out)
 
     def _ops(self, op: ReduceOp, name: str, out: Any) -> tuple[ReduceOp, ReduceOp, list]:
         """The op of each step, and what follows the last. Floating avg on equal nodes
@@ -495,11 +500,11 @@ class HierarchicalCommunicator:
         """The index array ``which`` in ``like``'s module (made once per device)."""
         xp = array_module(like)
         if xp is np:
-            return getattr(self, which)
+            return self._arrangements[which]
         cached = self._indexes.setdefault(like.device.id, {})
         if which not in cached:
             with like.device:
-                cached[which] = xp.asarray(getattr(self, which))
+                cached[which] = xp.asarray(self._arrangements[which])
         return cached[which]
 
     def _take(self, a: Any, which: str) -> Any:

@@ -158,10 +158,14 @@ class Lifecycle:
         self._die(wrapped)
         raise wrapped  # _die raised already; for the type checker
 
-    def _arrive(self, call: str) -> None:
+    def arrive(self, call: str) -> None:
         """Before blocking MPI steps that every rank takes (making communicators): return
         once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
-        not, the communicator dead (:mod:`._handshake`)."""
+        not, the communicator dead (:mod:`._handshake`). Every rank calls it.
+
+        Example:
+            >>> comm.arrive("hierarchical")     # then split: no rank blocks in MPI for ever
+        """
         guard = self._books.checker
         try:  # on the guard's private communicator: no user message can match it
             if guard is None:
@@ -219,7 +223,9 @@ class Lifecycle:
             f"{call}: communicator is unusable after an earlier error: {reason}"
         )
 
-    def _usable(self, call: str) -> None:
+    def ensure_usable(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` naming ``call`` if the communicator is closed or
+        dead (local: nothing is communicated)."""
         if self._unusable is not None:
             raise self._unusable_error(call)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._mpi_base import MPI_TYPE
 from ._ops import ReduceOp
 
 if TYPE_CHECKING:
@@ -32,15 +33,11 @@ def runs(array: Any, limit: int) -> list[Any]:
 
 
 def sends(b: MpiBackend, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
-    from ._mpi import MPI_TYPE
-
     t = MPI_TYPE[name]
     return [b._post(b.comm.Isend, [run, t], peer, tag) for run in runs(array, limit)]
 
 
 def recvs(b: MpiBackend, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
-    from ._mpi import MPI_TYPE
-
     t = MPI_TYPE[name]
     return [b._post(b.comm.Irecv, [run, t], peer, tag) for run in runs(array, limit)]
 

@@ -1,21 +1,32 @@
-"""The modules of ``ddp`` and ``pipeline`` import each other without a cycle.
+"""The modules of ``collectives``, ``ddp`` and ``pipeline`` import each other without a cycle.
 
 The graph is read from the source (every ``import`` that runs: at module level or inside a
 function; those under ``if TYPE_CHECKING:`` never run and are left out), so a cycle hidden
 by an import inside a function counts as one. A package's ``__init__`` is not an edge of
 its submodules (Python runs it first, whoever imports them); an explicit import of the
-package from inside it is.
+package from inside it is. The compiled modules (``pyproject.toml``'s ext-modules) are
+modules of the graph too, importing nothing of it, whether or not they are built.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ddp", "pipeline")
+#: every package of the project, for the cycle check
+ALL_PACKAGES = ("collectives", *PACKAGES)
+EXTENSIONS = tuple(  # each [[tool.setuptools.ext-modules]]'s name (tomllib: Python 3.11+)
+    re.findall(
+        r'^\[\[tool\.setuptools\.ext-modules\]\]\s*^name = "([\w.]+)"',
+        (ROOT / "pyproject.toml").read_text(),
+        re.M,
+    )
+)
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -49,14 +60,20 @@ def _imports(tree: ast.AST) -> list[tuple[ast.stmt, bool]]:
     return found
 
 
-def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, dict[str, bool]]:
+def import_graph(
+    root: Path, packages: tuple[str, ...], extensions: tuple[str, ...] = ()
+) -> dict[str, dict[str, bool]]:
     """module -> {imported module of ``packages``: whether it is imported inside a function}.
+    ``extensions``: compiled modules (no source here), which import nothing of ``packages``.
 
     Example: ``{"ddp._ddp": {"ddp._tune": False, ...}, ...}``.
     """
     paths = {module_name(root, p): p for pkg in packages for p in (root / pkg).rglob("*.py")}
-    graph: dict[str, dict[str, bool]] = {}
+    graph: dict[str, dict[str, bool]] = {name: {} for name in extensions}
+    paths.update({name: root for name in extensions})
     for module, path in paths.items():
+        if module in extensions:
+            continue
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         edges: dict[str, bool] = {}
         for node, in_function in _imports(ast.parse(path.read_text(), str(path))):
@@ -118,6 +135,17 @@ def test_the_graph_holds_every_module_and_its_imports(graph):
 
 def test_ddp_and_pipeline_have_no_import_cycle(graph):
     assert find_cycle(graph) is None
+
+
+def test_no_module_of_the_project_is_in_an_import_cycle_even_through_a_function():
+    everything = import_graph(ROOT, ALL_PACKAGES, EXTENSIONS)
+    assert {"collectives._communicator", "collectives._nccl", "collectives._fastmpi"} <= set(
+        everything
+    )
+    # imports inside functions count: the NCCL backend is imported by init() when chosen
+    assert everything["collectives._init"]["collectives._nccl"] is True
+    assert "collectives._fastmpi" in everything["collectives._direct"]
+    assert find_cycle(everything) is None
 
 
 def test_no_module_imports_its_own_packages_inside_a_function(graph):
