@@ -23,12 +23,12 @@ from __future__ import annotations
 import ast
 import time
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from ._errors import CollectiveMismatchError, CollectiveTimeoutError
+from ._errors import CollectiveMismatchError, CollectivesError, CollectiveTimeoutError
 from ._mpi_base import MpiPending
 from ._work import Pending
 
@@ -70,10 +70,22 @@ def _waiting_info(seq: int, call: str) -> tuple:
 
 
 class Checker:
-    """The per-communicator state of check mode: a private MPI communicator to compare on."""
+    """The per-communicator state of check mode: a private MPI communicator to compare on.
 
-    def __init__(self, comm: Any, shared_memory: bool = True):
+    ``comm`` is read for its public members (and waited with); ``fail(error)`` is the front
+    end's, for a check that timed out; ``board``, the communicator's progress board, whose
+    shared slots are compared on where the whole communicator is on one node.
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        fail: Callable[[CollectivesError], None],
+        board: Any = None,
+        shared_memory: bool = True,
+    ):
         self.comm = comm
+        self.fail = fail
         self.mpi = comm.mpi_comm.Dup()
         self.rank = comm.rank
         self.buffer = np.zeros(2, np.int64)
@@ -83,7 +95,6 @@ class Checker:
         self._request: MPI.Prequest | None = None
         self._active: MPI.Request | None = None  # the comparison in flight over MPI
         self._posted: tuple | None = None  # what post() compares, for finish()
-        board = comm._progress
         self._board: Any = None  # the shared slots, when the whole communicator is on one node
         if shared_memory and board is not None and len(board.members) == comm.size:
             self._board = board.check_slots
@@ -101,7 +112,7 @@ class Checker:
         try:
             self._verify(seq, call, array, name, op, root)
         except CollectiveTimeoutError as e:
-            self.comm._fatal(e)
+            self.fail(e)
             raise
 
     def _verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
@@ -131,7 +142,7 @@ class Checker:
         try:
             same = self._finish(seq, call)
         except CollectiveTimeoutError as e:
-            self.comm._fatal(e)
+            self.fail(e)
             raise
         if not same:
             self._raise_mismatch(seq, call, shape, name, root, op)
@@ -226,7 +237,7 @@ class Checker:
         try:
             pending.synchronize(self.comm)
         except CollectiveTimeoutError as e:
-            self.comm._fatal(e)
+            self.fail(e)
             raise
         descriptions = [ast.literal_eval(bytes(row).decode().strip()) for row in every]
         raise CollectiveMismatchError(f"{call}: {mismatch_message(descriptions)}")

@@ -29,13 +29,13 @@ Example:
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from ._check import Checker
-from ._errors import CollectiveMismatchError
+from ._errors import CollectiveMismatchError, CollectivesError
 
 EVERY_CALL_UNTIL = 8  # the first collectives, where a program's mistakes show first
 PERIOD = 1024  # then powers of two up to this, then every PERIOD-th
@@ -144,23 +144,39 @@ class FailureNotice:
 
 class Guard:
     """``books.checker``: the notice check on every verified call, and the cross-rank check of
-    the call itself: every call in check mode, on the schedule of :func:`next_check` otherwise."""
+    the call itself: every call in check mode, on the schedule of :func:`next_check` otherwise.
 
-    def __init__(self, comm: Any, every_call: bool):
+    ``comm`` is read for its public members; ``books`` are its books; ``check_peers(call)``
+    raises once another rank declared it failed, and ``fail(error)`` ends it after a check
+    that timed out (the front end's); ``board`` is its progress board.
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        every_call: bool,
+        books: Any,
+        check_peers: Callable[[str], None],
+        fail: Callable[[CollectivesError], None],
+        board: Any = None,
+    ):
         self.comm = comm
+        self.books = books
+        self.check_peers = check_peers
+        self.fail = fail
         self.every_call = every_call
         self.notice = FailureNotice(comm.mpi_comm)
         self.checker: Checker | None = None
         if comm.size > 1 or every_call:
             # Off check mode, comparisons overlap their calls: over MPI, which keeps them in
             # order (the node's shared slots could be overwritten by a rank that ran ahead).
-            self.checker = Checker(comm, shared_memory=every_call)
+            self.checker = Checker(comm, fail, board, shared_memory=every_call)
         self.verified = 0  # the last collective compared across ranks
 
     def verify(self, nth: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         """Called by ``CallBooks.number`` (see the module docstring for when)."""
-        self.comm._check_peers(call)
-        books = self.comm._books
+        self.check_peers(call)
+        books = self.books
         checker = self.checker
         if nth < books.next_check or checker is None:
             return  # verified for the quiet gap only: the schedule is the same on every rank
