@@ -1,10 +1,12 @@
 """Collectives for CuPy on NCCL, bootstrapped by MPI, with an MPI backend for NumPy arrays.
 
 Where a call goes: each verb is a method of :class:`Communicator` (``_communicator.py``),
-which checks its arguments, keeps the books (``_books.py``) and calls the backend's method of
-the same name, ``MpiBackend`` in ``_mpi.py`` or ``NcclBackend`` in ``_nccl.py`` (the
-interface: ``_backend.py``). A synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on
-MPI tries ``_direct.py`` first (in C from ``_fastmpi.c`` where that builds).
+which checks its arguments (``_args.py``), keeps the books (``_books.py``) and calls the
+backend's method of the same name, ``MpiBackend`` in ``_mpi.py`` or ``NcclBackend`` in
+``_nccl.py`` (the interface, and the ``BackendContext`` through which a backend reaches the
+communicator: ``_backend.py``). A synchronous ``all_reduce`` or ``broadcast`` of a NumPy array
+on MPI tries ``_direct.py`` first (in C from ``_fastmpi.c`` where that builds; the MPI backend
+sets it up). Ownership, closing and failure of a communicator: ``_lifecycle.py``.
 
 Example:
     >>> import collectives as col
