@@ -7,8 +7,10 @@ would wait in their next collective until its timeout. A rank that caught a
 for every rank) while the rank it timed out on stays stuck. So, at exit (a Python ``atexit``
 handler, which runs before mpi4py's ``MPI_Finalize``):
 
-- after ``sys.exit(n)`` with ``n`` not 0 (or a message, which Python turns into 1): print it
-  and ``MPI_Abort`` the job with that code, as ``python -m mpi4py`` does;
+- after ``sys.exit(n)`` with ``n`` not 0 (or a message, which Python turns into 1): wait
+  :data:`EXIT_GRACE` seconds at the exit barrier below; if every rank leaves too, the job
+  ends without an abort (each process with its own code); otherwise print it and
+  ``MPI_Abort`` the job with that code, as ``python -m mpi4py`` does;
 - otherwise every rank that made a communicator meets the others at an exit barrier (a
   non-blocking one, on a duplicate of the world made by the first ``init``). A rank that holds
   a failed communicator waits there at most that communicator's timeout, then prints why and
@@ -31,6 +33,10 @@ from mpi4py import MPI
 from ._stderr import let_the_launcher_read_stderr
 
 FAILED_EXIT_CODE = 1
+#: seconds a rank that called ``sys.exit(n)`` waits for the others at the exit barrier: when
+#: every rank leaves (each with its own code), the job ends without an abort, which could
+#: cut off what the others were still printing
+EXIT_GRACE = 1.0
 
 
 class _State:
@@ -99,13 +105,16 @@ def _at_exit() -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     code = exit_code(_STATE.exit_code)
-    if code != 0 and size > 1:
-        _abort(
-            f"[rank {rank}] sys.exit({_STATE.exit_code!r}) on one rank of {size}, "
-            f"aborting the job with exit code {code}\n",
-            code,
-        )
     comm = _STATE.world
+    if code != 0 and size > 1:
+        if comm is None or not _every_rank_leaves(comm, EXIT_GRACE):
+            _abort(
+                f"[rank {rank}] sys.exit({_STATE.exit_code!r}) on one rank of {size}, "
+                f"aborting the job with exit code {code}\n",
+                code,
+            )
+        _free_world(comm)  # every rank is leaving: MPI_Finalize, then this exit code
+        return
     if comm is None:
         return
     failure, limit = _STATE.failure, _STATE.failure_timeout
@@ -120,12 +129,28 @@ def _at_exit() -> None:
                 FAILED_EXIT_CODE,
             )
         time.sleep(1e-3)
+    _free_world(comm)
+
+
+def _every_rank_leaves(comm: MPI.Comm, limit: float) -> bool:
+    """Whether every rank reaches the exit barrier within ``limit`` seconds."""
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + limit
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
+
+
+def _free_world(comm: MPI.Comm) -> None:
     comm.Free()
     _STATE.world = None
 
 
-def _abort(message: str, code: int) -> None:
+def _abort(message: str, code: int) -> NoReturn:
     sys.stderr.write(message)
     sys.stderr.flush()
     let_the_launcher_read_stderr()
     MPI.COMM_WORLD.Abort(code)
+    raise SystemExit(code)  # not reached: the abort ends this process

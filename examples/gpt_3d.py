@@ -470,6 +470,17 @@ def check(cfg: Config, size: int, vocab: int) -> None:
         problems.append(f"dp*tp*pp = {cfg.dp * cfg.tp * cfg.pp}, expected the {size} ranks")
     if cfg.schedule not in SCHEDULES:
         problems.append(f"--schedule {cfg.schedule}, expected one of {SCHEDULES}")
+    else:
+        try:
+            stages = make_schedule(cfg).stages
+        except (ValueError, col.InvalidArgumentError) as e:
+            problems.append(str(e))
+        else:  # the blocks fill the first stages: a middle stage left empty has no parameters
+            if cfg.layers < stages - 1:
+                problems.append(
+                    f"--layers {cfg.layers}, expected at least {stages - 1} for {stages} "
+                    "pipeline stages (every stage but the last holds a block)"
+                )
     if cfg.global_batch % (cfg.dp * cfg.microbatches):
         problems.append(
             f"--global-batch {cfg.global_batch}, expected a multiple of dp * microbatches"

@@ -26,6 +26,22 @@ def test_a_non_zero_sys_exit_on_one_rank_ends_the_job_with_its_code(tmp_path, st
     assert output.count(f"[rank 1] sys.exit({status!r}) on one rank of 2") == 1, output
 
 
+def test_the_same_sys_exit_on_every_rank_ends_the_job_without_an_abort(tmp_path):
+    # Every rank leaves at once: no abort, so no rank's last lines can be cut off.
+    script = """
+import sys, numpy as np, collectives as col
+comm = col.init(backend="mpi", timeout=60)
+comm.all_reduce(np.ones(2))
+print(f"rank {comm.rank} leaves", flush=True)
+sys.exit(3)
+"""
+    proc, _ = _job(tmp_path, script, 3, {})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 3, output
+    assert "aborting" not in output, output
+    assert all(f"rank {r} leaves" in output for r in range(3)), output
+
+
 def test_sys_exit_0_on_every_rank_ends_the_job_normally(tmp_path):
     script = "import sys, collectives as col\ncomm = col.init(backend='mpi')\nsys.exit(0)\n"
     proc, _ = _job(tmp_path, script, 2, {})

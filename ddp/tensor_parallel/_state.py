@@ -32,14 +32,20 @@ class MicrobatchState:
     def save(self, microbatch: Hashable, value: Any) -> None:
         self._saved[microbatch] = value
 
-    def take(self, microbatch: Hashable) -> Any:
-        """What forward saved for ``microbatch`` (forgotten once taken)."""
+    def peek(self, microbatch: Hashable) -> Any:
+        """What forward saved for ``microbatch``, kept (for checks that may still refuse)."""
         if microbatch not in self._saved:
             raise InvalidArgumentError(
                 f"{self.owner}.backward: no saved input for microbatch {microbatch!r}, "
                 f"expected forward(x, {microbatch!r}) first"
             )
-        return self._saved.pop(microbatch)
+        return self._saved[microbatch]
+
+    def take(self, microbatch: Hashable) -> Any:
+        """What forward saved for ``microbatch`` (forgotten once taken)."""
+        value = self.peek(microbatch)
+        del self._saved[microbatch]
+        return value
 
     def defer(self, microbatch: Hashable, value: Any) -> None:
         self._deferred[microbatch] = value

@@ -192,12 +192,13 @@ class VocabParallelCrossEntropy:
     def backward(self, dloss: Any, microbatch: Hashable = None) -> Any:
         """This rank's block of ``dL/dlogits`` given ``dL/dloss`` at every position."""
         xp = array_module(dloss)
-        softmax, index, owned = self._state.take(microbatch)
-        if tuple(dloss.shape) != tuple(softmax.shape[:-1]):
+        softmax, index, owned = self._state.peek(microbatch)
+        if tuple(dloss.shape) != tuple(softmax.shape[:-1]):  # refused: the state stays
             raise InvalidArgumentError(
                 f"VocabParallelCrossEntropy.backward: dloss has shape {tuple(dloss.shape)}, "
                 f"expected {tuple(softmax.shape[:-1])}"
             )
+        self._state.take(microbatch)
         columns = xp.arange(softmax.shape[-1])
         onehot = (columns == index[..., None]) & owned[..., None]
         grad = softmax - onehot.astype(softmax.dtype)

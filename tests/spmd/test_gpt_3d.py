@@ -87,6 +87,8 @@ def test_bad_mesh_fails_on_every_rank_before_communicating(comm):
         example.train(comm, example.Config(dp=2, tp=2, pp=2))
     with pytest.raises(col.InvalidArgumentError, match="multiple of tp"):
         example.train(comm, example.Config(tp=4, seq_len=6, sequence_parallel=True))
+    with pytest.raises(col.InvalidArgumentError, match="--layers 2, expected at least 3 for 4"):
+        example.train(comm, example.Config(pp=4, layers=2))  # stage 2 would hold nothing
 
 
 def test_hand_written_backward_matches_finite_differences():

@@ -91,6 +91,11 @@ def test_vocab_errors(comm, xp):
         ce.forward(xp.zeros((1, 2)), xp.array([2 * size]))
     with pytest.raises(InvalidArgumentError, match="expected forward"):
         ce.backward(xp.ones(1))
+    logits = xp.zeros((4, 2))
+    ce.forward(logits, xp.zeros(4, dtype=np.int64), microbatch=7)
+    with pytest.raises(InvalidArgumentError, match=r"dloss has shape \(3,\), expected \(4,\)"):
+        ce.backward(xp.ones(3), 7)
+    assert ce.backward(xp.ones(4), 7).shape == logits.shape  # the refused call kept the state
     emb = VocabParallelEmbedding(xp.zeros((2 * size, DIM)), comm)
     with pytest.raises(InvalidArgumentError, match="expected an integer dtype"):
         emb.forward(xp.zeros(3))
