@@ -387,6 +387,7 @@ class Communicator(Lifecycle):
         impl, extra = self._impl.split(child, color, key)
         if child == MPI.COMM_NULL:
             return None
+        assert impl is not None  # every backend makes one for each member
         sub = Communicator(
             impl,
             child,
@@ -423,11 +424,7 @@ class Communicator(Lifecycle):
         Example:
             >>> buf = comm.xp.zeros(4, comm.xp.float32)   # an array this backend takes
         """
-        if self.backend == "nccl":
-            import cupy
-
-            return cupy
-        return np
+        return self._impl.xp
 
     # ---------------------------------------------------------------- internals
 

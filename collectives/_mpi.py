@@ -108,6 +108,8 @@ class MpiBackend:
     failure: CollectivesError | None = None
     #: MPI takes any array it is given (device arrays are staged)
     checks_arrays = False
+    #: NumPy arrays (CuPy ones are staged through the host)
+    xp: Any = np
 
     def attach(self, context: BackendContext) -> None:
         self._context = context

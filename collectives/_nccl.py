@@ -445,6 +445,11 @@ class NcclBackend(WatchedCommunicator):
     def abort(self) -> None:
         self._request_abort()
 
+    @property
+    def xp(self) -> Any:
+        """CuPy: the nccl backend takes device arrays only."""
+        return self.cupy
+
     def attach(self, context: BackendContext) -> None:
         """Take the front end's context: the seq and the timeout messages name its calls."""
         self._context = context
