@@ -122,3 +122,32 @@ def test_auto_falls_back_to_mpi_without_nccl(monkeypatch):
     monkeypatch.delenv("COLLECTIVES_BACKEND", raising=False)
     with col.init(backend="auto") as comm:
         assert comm.backend == "mpi"
+
+
+def test_the_backend_reaches_the_communicator_through_its_context_only():
+    from mpi4py import MPI
+
+    from collectives._backend import BackendContext
+    from collectives._communicator import Communicator
+    from collectives._mpi import MpiBackend
+
+    attached = []
+
+    class Recording(MpiBackend):
+        def attach(self, context: BackendContext) -> None:
+            attached.append(context)
+            super().attach(context)
+
+    mpi_comm = MPI.COMM_WORLD.Dup()
+    comm = Communicator(Recording(mpi_comm), mpi_comm, backend="mpi", timeout=30, check=False)
+    try:
+        (context,) = attached  # once, as the communicator is made
+        assert context.waiter is comm and context.timeout == 30.0
+        assert context.recorder is comm.recorder and comm.xp is np
+        x = np.ones(3, np.float32)
+        comm.all_reduce(x, async_op=True).wait()
+        comm.broadcast(x)
+        assert context.seq() == 2  # the calls the communicator numbered
+        assert [e["seq"] for e in comm.flight_record()] == [1, 2]
+    finally:
+        comm.close()
