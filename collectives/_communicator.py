@@ -2,9 +2,9 @@
 
 The verbs are thin: each checks its arguments locally (so bad input fails before any
 communication), then ``_run`` keeps the books (:mod:`._books`) and hands the same
-``(x, out, name, op, root)`` to the backend's verb of the same name. A synchronous
-``all_reduce`` or ``broadcast`` of a NumPy array on the MPI backend first tries the direct
-path (:mod:`._direct`), which keeps the same books in less.
+``(x, out, name, op, root)`` to the backend's verb of the same name. Every verb on NumPy
+arrays on the MPI backend, synchronous or not, first tries the direct path
+(:mod:`._direct`), which keeps the same books in less.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mpi4py import MPI
 from . import _direct, _exit, _timeline
 from ._arrays import array_module, as_given, is_slot, overlap_check, same_kind, unwrap
 from ._backend import Backend, Verb
-from ._books import IN_USE, CallBooks
+from ._books import IN_USE, CallBooks, Entry
 from ._direct import distinct_twin
 from ._dtypes import COMPLEX, check_op_for_dtype
 from ._errors import (
@@ -123,6 +123,7 @@ class Communicator:
         self._direct: CallBooks | None = None
         if self._mpi is not None and not self._track:
             books.handle, books.blocking = _direct.handle(self._mpi.comm), self._mpi.blocking
+            books.later = self._mpi_later
             self._direct = books
         self._fast = self._direct
         if self._direct is not None and books.blocking:
@@ -143,8 +144,8 @@ class Communicator:
     def call_path(self) -> str:
         """Which per-call path runs here, and why, in one line.
 
-        Example: ``comm.call_path`` -> ``"synchronous all_reduce and broadcast of NumPy arrays
-        in C (collectives._fastmpi on libmpi.so.12); other calls through the MPI backend"``.
+        Example: ``comm.call_path`` -> ``"calls on NumPy arrays in C (collectives._fastmpi on
+        libmpi.so.12); other calls through the MPI backend"``.
         """
         if self.backend != "mpi":
             return f"every call through the {self.backend} backend"
@@ -153,7 +154,7 @@ class Communicator:
         how = _direct.HOW
         if self._books.blocking:
             how += ", as blocking MPI calls (a stuck one ends the job after the timeout)"
-        return f"synchronous all_reduce and broadcast of NumPy arrays {how}; other calls through the MPI backend"
+        return f"calls on NumPy arrays {how}; other calls through the MPI backend"
 
     # ---------------------------------------------------------------- collectives
 
@@ -165,9 +166,9 @@ class Communicator:
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
         fast = self._fast
-        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
+        if fast is not None:  # it checks the owner thread (books.owner)
             try:
-                result = _direct.all_reduce(fast, x, op, out)
+                result = _direct.all_reduce(fast, x, op, out, async_op)
             except MPI.Exception as e:
                 self._mpi_error("all_reduce", e)
             if result is not NotImplemented:
@@ -192,6 +193,14 @@ class Communicator:
         async_op: bool = False,
     ) -> Any:
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.reduce(fast, x, root, op, out, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("reduce", e)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "reduce")
         self._root("reduce", root)
@@ -208,9 +217,9 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast
-        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
+        if fast is not None:  # it checks the owner thread (books.owner)
             try:
-                result = _direct.broadcast(fast, x, root)
+                result = _direct.broadcast(fast, x, root, async_op)
             except MPI.Exception as e:
                 self._mpi_error("broadcast", e)
             if result is not NotImplemented:
@@ -229,6 +238,14 @@ class Communicator:
 
         ``x`` may be ``out[rank]`` itself (the in-place form).
         """
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.all_gather(fast, x, out, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("all_gather", e)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "all_gather")
         shape = (self.size, *x.shape)
@@ -246,6 +263,14 @@ class Communicator:
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
     ) -> Any:
         """``out`` (shape ``x.shape[1:]``) is the reduction over ranks of ``x[rank]``."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.reduce_scatter(fast, x, op, out, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("reduce_scatter", e)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "reduce_scatter")
         self._leading("reduce_scatter", x)
@@ -262,6 +287,14 @@ class Communicator:
 
     def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.all_to_all(fast, x, out, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("all_to_all", e)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "all_to_all")
         self._leading("all_to_all", x)
@@ -275,6 +308,14 @@ class Communicator:
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.gather(fast, x, root, out, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("gather", e)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "gather")
         self._root("gather", root)
@@ -290,6 +331,14 @@ class Communicator:
     ) -> Any:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.scatter(fast, x, root, out, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("scatter", e)
+            if result is not NotImplemented:
+                return result
         self._root("scatter", root)
         given = x, out
         if x is not None:
@@ -316,12 +365,28 @@ class Communicator:
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.send(fast, x, peer, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("send", e)
+            if result is not NotImplemented:
+                return result
         x, name = unwrap(x, "send")
         self._peer("send", peer)
         return self._run("send", self._impl.send, x, None, name, None, peer, async_op, None)
 
     def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Receive into ``x`` from ``peer``."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.recv(fast, x, peer, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("recv", e)
+            if result is not NotImplemented:
+                return result
         given = x
         x, name = unwrap(x, "recv")
         self._peer("recv", peer)
@@ -330,6 +395,14 @@ class Communicator:
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
+        fast = self._fast
+        if fast is not None:  # the direct path (:mod:`._direct`)
+            try:
+                result = _direct.barrier(fast, async_op)
+            except MPI.Exception as e:
+                self._mpi_error("barrier", e)
+            if result is not NotImplemented:
+                return result
         return self._run(
             "barrier", self._impl.barrier, None, None, None, None, None, async_op, None
         )
@@ -514,14 +587,28 @@ class Communicator:
 
     # ---------------------------------------------------------------- internals
 
-    def _mpi_wait(self, request: MPI.Request, entry: list, args: tuple) -> None:
-        """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the
-        timeout. ``args`` holds the arrays, which MPI may still write after a timeout: the
-        pending owns them, and the backend keeps them past an abort."""
-        assert self._mpi is not None  # the direct path runs on the MPI backend only
-        pending = MpiPending(request, args, self._mpi.in_flight)
-        pending.info, pending.start = tuple(entry[:4]), entry[4]
+    def _mpi_pending(self, request: Any, entry: Entry, args: tuple) -> MpiPending:
+        """The pending of a direct-path call (:mod:`._direct`) that someone waits on, in its
+        entry's place in the recorder. ``args`` holds the arrays, which MPI may still write
+        after a timeout: the pending owns them, and the backend keeps them past an abort."""
+        mpi = self._mpi
+        assert mpi is not None  # the direct path runs on the MPI backend only
+        if len(mpi.in_flight) >= mpi._reap_at:
+            mpi._reap()
+        pending = MpiPending(_direct.request(request), args, mpi.in_flight)
+        pending.info = (entry.seq, entry.call, entry.shape, entry.dtype)
+        pending.start = entry.start
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
+        return pending
+
+    def _mpi_later(self, request: Any, entry: Entry, args: tuple, result: Any) -> Work:
+        """The ``Work`` of a direct-path call made with ``async_op=True``."""
+        return Work(self, self._mpi_pending(request, entry, args), result)
+
+    def _mpi_wait(self, request: Any, entry: Entry, args: tuple) -> None:
+        """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the
+        timeout."""
+        pending = self._mpi_pending(request, entry, args)
         try:
             pending._waited(self)  # yield now: this call has already polled for yield_after
             pending.synchronize(self)

@@ -121,18 +121,18 @@ class Pending:
 
 
 class Recorded(Pending):
-    """A flight-recorder entry that the fast synchronous path stored as a plain list
-    ``[seq, call, shape, dtype, start, end]`` (end 0.0 until it completes): an object is
-    made only when someone reads the recorder."""
+    """A flight-recorder entry that the direct path stored as an ``_books.Entry`` (end 0.0
+    until it completes): a ``Pending`` is made only when someone reads the recorder."""
 
-    def __init__(self, entry: list):
-        self.info, self.start, self.end = tuple(entry[:4]), entry[4], entry[5]
+    def __init__(self, entry: Any):
+        self.info = (entry.seq, entry.call, entry.shape, entry.dtype)
+        self.start, self.end = entry.start, entry.end
         self.done = self.end > 0.0
         self.state = "completed" if self.done else "started"
         self.finish = None
 
 
-def recorded(entry: Pending | list) -> Pending:
+def recorded(entry: Any) -> Pending:
     """A flight-recorder entry, whichever form it was stored in."""
     return entry if isinstance(entry, Pending) else Recorded(entry)
 

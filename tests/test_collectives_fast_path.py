@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import collectives as col
+from collectives import _books
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +137,8 @@ def test_direct_path_is_off_inside_a_group_and_after_close():
         c.all_reduce(x)
         assert c.flight_record()[-1]["state"] == "started"
     assert c.flight_record()[-1]["state"] == "completed"
-    c.all_reduce(x)  # after the group the direct path again: its record is a list
-    assert type(c.recorder[-1]) is list
+    c.all_reduce(x)  # after the group the direct path again: its record is an Entry
+    assert type(c.recorder[-1]) is _books.Entry
     c.close()
     with pytest.raises(col.CommunicatorStateError, match="all_reduce: communicator is closed"):
         c.all_reduce(np.ones(2))
