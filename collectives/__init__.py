@@ -3,8 +3,8 @@
 Where a call goes: each verb is a method of :class:`Communicator` (``_communicator.py``),
 which checks its arguments, keeps the books (``_books.py``) and calls the backend's method of
 the same name, ``MpiBackend`` in ``_mpi.py`` or ``NcclBackend`` in ``_nccl.py`` (the
-interface: ``_backend.py``). A synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on
-MPI tries ``_direct.py`` first (in C from ``_fastmpi.c`` where that builds).
+interface: ``_backend.py``). Every verb on NumPy arrays on MPI, synchronous or not, tries
+``_direct.py`` first (its MPI calls posted and polled from ``_fastmpi.c`` where that builds).
 
 Example:
     >>> import collectives as col

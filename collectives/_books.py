@@ -80,8 +80,9 @@ class CallBooks:
         yield_after: seconds of polling before a waiting rank yields its core.
         wait_long: ``wait_long(request, entry, arrays)`` waits for a direct-path call that
             outlasted ``yield_after``, under the timeout.
-        later: ``later(request, entry, arrays, result)``: the ``Work`` of a direct-path call
-            made with ``async_op=True``.
+        later: ``later(request, entry, arrays, result, async_op)``: a direct-path call made
+            with ``async_op=True`` (its ``Work``) or while ``grouped`` (inside
+            ``Communicator.group()``, held until the block ends).
         handle, rank, size, blocking: the direct path's MPI communicator (in the form
             ``_direct.handle`` gives), this rank and the size, and whether its synchronous
             ``all_reduce`` and ``broadcast`` are blocking MPI calls.
@@ -101,6 +102,7 @@ class CallBooks:
         "yield_after",
         "wait_long",
         "later",
+        "grouped",
         "handle",
         "rank",
         "size",
@@ -133,6 +135,7 @@ class CallBooks:
         self.yield_after = yield_after
         self.wait_long = wait_long
         self.later: Any = None
+        self.grouped = False
         self.handle: Any = None
         self.rank = rank
         self.size = size

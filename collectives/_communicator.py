@@ -153,7 +153,10 @@ class Communicator:
             return "every call through the MPI backend (a timeline records each call)"
         how = _direct.HOW
         if self._books.blocking:
-            how += ", as blocking MPI calls (a stuck one ends the job after the timeout)"
+            how += (
+                ", synchronous all_reduce and broadcast as blocking MPI calls (a stuck one ends "
+                "the job after the timeout)"
+            )
         return f"calls on NumPy arrays {how}; other calls through the MPI backend"
 
     # ---------------------------------------------------------------- collectives
@@ -424,13 +427,14 @@ class Communicator:
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
         self._group = []
-        self._fast = None
+        self._books.grouped = True  # direct-path calls are held too (_mpi_later)
         failed = True
         try:
             yield self
             failed = False
         finally:
             pendings, self._group = self._group, None
+            self._books.grouped = False
             if self._unusable is None:
                 self._fast = self._direct
             self._impl.group_end(pendings)
@@ -601,9 +605,18 @@ class Communicator:
         self.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
         return pending
 
-    def _mpi_later(self, request: Any, entry: Entry, args: tuple, result: Any) -> Work:
-        """The ``Work`` of a direct-path call made with ``async_op=True``."""
-        return Work(self, self._mpi_pending(request, entry, args), result)
+    def _mpi_later(
+        self, request: Any, entry: Entry, args: tuple, result: Any, async_op: bool
+    ) -> Any:
+        """A direct-path call that completes later: made with ``async_op=True`` (its
+        ``Work``), or inside :meth:`group` (held until the block ends)."""
+        pending = self._mpi_pending(request, entry, args)
+        group = self._group
+        if group is not None:
+            group.append(pending)
+            if not async_op:
+                return result
+        return Work(self, pending, result)
 
     def _mpi_wait(self, request: Any, entry: Entry, args: tuple) -> None:
         """The rest of a long direct-path wait (:mod:`._direct`): yielding the core, under the

@@ -7,7 +7,8 @@ progress board, a flight-recorder :class:`~._books.Entry`), then two stateless p
 ``post`` makes the MPI call of one kind (:data:`KINDS`) and gives its request, and ``poll``
 tests that request, the GIL released, for up to ``yield_after``. A call that lasts longer is
 handed to the books' ``wait_long``, which waits on it as a ``Pending`` under the timeout; a
-call made with ``async_op=True`` is handed to the books' ``later``, which gives its ``Work``.
+call made with ``async_op=True``, or inside ``comm.group()``, is handed to the books'
+``later``, which gives its ``Work`` or holds it until the block ends.
 Anything unusual (another type, dtype, op or layout, overlapping arrays, a bad root or peer,
 a count above what one MPI call takes, another thread holding the communicator) returns
 ``NotImplemented`` before any bookkeeping, and the general path runs the call or names the
@@ -37,6 +38,7 @@ import os
 import sys
 import threading
 import weakref
+from os import sched_yield
 from threading import get_ident
 from time import monotonic, sleep
 from typing import Any
@@ -134,15 +136,26 @@ def _py_post(
     return comm.Ibarrier()
 
 
+#: seconds of yielding polls before ``poll`` hands a call back to the caller's wait
+HAND_BACK = 0.01
+
+
 def _py_poll(request: Any, yield_after: float) -> bool:
-    """``_fastmpi.poll`` on mpi4py: True once complete, False after ``yield_after`` s."""
+    """``_fastmpi.poll`` on mpi4py: True once complete, False after ``yield_after`` s of
+    busy polls and :data:`HAND_BACK` s more of polls that each yield the core."""
     test = request.Test
     start = monotonic()
     polls = 0
+    waited = 0.0
     while not test():  # an error here leaves the entry: the call was posted
-        polls += 1
-        if polls & 255 == 0 and monotonic() - start > yield_after:
-            return False
+        if waited > yield_after:
+            sched_yield()
+            if (waited := monotonic() - start) > yield_after + HAND_BACK:
+                return False
+        else:
+            polls += 1
+            if polls & 255 == 0:
+                waited = monotonic() - start
     return True
 
 
@@ -214,12 +227,12 @@ def reduce(books: CallBooks, x: Any, root: Any, op: Any, out: Any, async_op: boo
         return NotImplemented
     ops = FAST_OP.get(op)
     mine = root == books.rank
-    types = _array(x, mine and out is None)
+    types = _array(x, mine and (out is None or out is x))
     if types is None or ops is None:
         return NotImplemented
     if not mine:
-        if out is not None:
-            return NotImplemented  # the general path checks it
+        if not (out is None or out is x or distinct_twin(out, x)):
+            return NotImplemented  # the general path checks it (and then ignores it)
         send, result = x, None
     elif out is None or out is x:
         send, result = None, x
@@ -401,7 +414,8 @@ def _run(
         return NotImplemented  # another thread's call: the general path says so
     try:
         entry = books.begin(KINDS[kind], array, name, op, root)
-        blocking = books.blocking and kind <= BROADCAST and not async_op
+        later = async_op or books.grouped
+        blocking = books.blocking and kind <= BROADCAST and not later
         # A blocking call cannot post anything once begun: the board says beforehand that this
         # rank is inside it, and 0 once it returns (``_progress.BLOCKING_CALLS``).
         inside = books.inside if blocking else None
@@ -415,8 +429,8 @@ def _run(
         finally:
             if inside is not None:
                 inside[books.slot] = 0
-        if async_op:
-            return books.later(request, entry, (send, recv), result)
+        if later:
+            return books.later(request, entry, (send, recv), result, async_op)
         if request is not None and not poll(request, books.yield_after):
             books.wait_long(request, entry, (send, recv))
         entry.end = monotonic()

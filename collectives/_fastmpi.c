@@ -17,9 +17,11 @@
  *       broadcast only) has returned, the GIL released around it. An MPI error raises
  *       mpi4py's MPI.Exception: nothing was posted.
  *   poll(request, yield_after)
- *       MPI_Test on the request, the GIL released, until it completes (True) or `yield_after`
- *       seconds have passed (False: the caller waits on, under the timeout). An MPI error
- *       raises MPI.Exception: the call was posted.
+ *       MPI_Test on the request, the GIL released, until it completes (True) or HAND_BACK
+ *       seconds past `yield_after` have passed (False: the caller waits on, under the
+ *       timeout): busy for `yield_after`, then yielding the core after each test, as a rank
+ *       whose peer needs this core must (more ranks than cores). An MPI error raises
+ *       MPI.Exception: the call was posted.
  *
  * The MPI functions are the ones mpi4py's libmpi exports, passed in as addresses by setup():
  * this module links against no MPI. It is built twice, once per ABI, and _direct.py picks the
@@ -32,6 +34,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -75,6 +78,9 @@ static TestFn mpi_test;
 static void *mpi_in_place;
 static int tag;             /* the tag of send and recv */
 static PyObject *mpi_error; /* mpi4py's MPI.Exception: called with the error code */
+
+/* seconds of yielding polls before poll() hands a call back to the caller's wait */
+#define HAND_BACK 0.01
 
 static double now(void)
 {
@@ -223,10 +229,15 @@ static PyObject *poll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int rc, done = 0;
     unsigned polls = 0;
     Py_BEGIN_ALLOW_THREADS
-    double start = now();
+    double start = now(), waited = 0.0;
     while ((rc = mpi_test(&request, &done, status)) == 0 && !done) {
-        if ((++polls & 255) == 0 && now() - start > yield_after)
-            break;
+        if (waited > yield_after) { /* yield after each test, for a while */
+            sched_yield();
+            if ((waited = now() - start) > yield_after + HAND_BACK)
+                break;
+        } else if ((++polls & 255) == 0) {
+            waited = now() - start;
+        }
     }
     Py_END_ALLOW_THREADS
     if (rc != 0)

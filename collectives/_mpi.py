@@ -191,10 +191,13 @@ class MpiPending(Pending):
             return
         test = self.request.Test
         polls = 0
-        while not test():  # busy, as MPI's own blocking wait polls
+        yielding = False
+        while not test():  # busy, as MPI's own blocking wait polls, then yielding the core
             polls += 1
             if polls & 255 == 0:
-                self._waited(comm)
+                yielding = self._waited(comm)
+            elif yielding:
+                os.sched_yield()
         self._complete()
 
     wait = synchronize  # MPI has no stream to order: waiting is blocking

@@ -62,11 +62,12 @@ class Pending:
     def synchronize(self, comm: Any) -> None:
         raise NotImplementedError
 
-    def _waited(self, comm: Any) -> None:
+    def _waited(self, comm: Any) -> bool:
         """For host-side waits that poll, every 256 polls: past ``comm.yield_after`` seconds
         yield the core, past 1 s sleep between polls, past the timeout raise
         ``CollectiveTimeoutError`` (the front end then declares the communicator dead); once
-        another rank has declared it failed, raise ``CommunicatorStateError`` naming that."""
+        another rank has declared it failed, raise ``CommunicatorStateError`` naming that.
+        Whether it is past ``yield_after`` (the polls between may yield the core too)."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:
             check_peers = getattr(comm, "_check_peers", None)
@@ -80,6 +81,8 @@ class Pending:
                 time.sleep(1e-3)
             else:
                 os.sched_yield()
+            return True
+        return False
 
     def _complete(self) -> None:
         self.done = True

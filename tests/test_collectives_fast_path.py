@@ -130,9 +130,9 @@ def test_direct_calls_are_recorded_and_numbered(comm):
     assert seqs == list(range(seqs[0], seqs[0] + 3))
 
 
-def test_direct_path_is_off_inside_a_group_and_after_close():
+def test_direct_calls_are_held_inside_a_group_and_refused_after_close():
     c = col.init(backend="mpi")
-    with c.group():  # the call is held until the block ends, as the direct path cannot
+    with c.group():  # the call is held until the block ends
         x = np.ones(2)
         c.all_reduce(x)
         assert c.flight_record()[-1]["state"] == "started"
