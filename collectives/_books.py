@@ -15,13 +15,14 @@ call: :meth:`CallBooks.number`, and a backend's ``Pending`` as the entry) and th
 (:mod:`._direct`, the calls of NumPy arrays on the MPI backend that need least:
 :meth:`CallBooks.begin`, which numbers the call and appends an :class:`Entry`). What a call
 records is defined here once; the direct path's MPI calls are posted and polled by stateless
-primitives (``_fastmpi.c`` where it built, mpi4py otherwise) that read no Python object.
+primitives (``_fastmpi.c`` where it built, mpi4py otherwise) that are handed buffers and
+handles and read no Python object's memory.
 
 An :class:`Entry` has named fields ``seq, call, shape, dtype, start, end`` (``end`` 0.0 until
 it completes): a ``Pending`` is made from it only when someone reads the recorder
-(:func:`collectives._work.recorded`), when the call outlasts ``yield_after``, or when it was
-made with ``async_op=True`` (its ``Work`` holds that ``Pending``). When posting
-fails nothing is in flight and the entry is removed; when polling fails (``MPI_Test`` returns
+(:func:`collectives._work.recorded`), when the call outlasts ``yield_after``, or when it
+completes later (made with ``async_op=True``, or inside ``comm.group()``). When posting fails
+nothing is in flight and the entry is removed; when polling fails (``MPI_Test`` returns
 an error) the call was posted, so its entry stays, never completed, and the MPI error is
 raised. Every wait, the direct path's included, is judged by :func:`._deadline.overdue`.
 
