@@ -10,20 +10,21 @@ Each call, whichever path runs it, does the same in this order:
 4. post the call and wait for it (past ``yield_after`` of polling, under the timeout);
 5. stamp the entry's end and give the token back.
 
-Three paths do it: the general one (``Communicator._run``, every call), and the direct path,
-for a synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on the MPI backend, written
-twice: in Python (``_direct._run``, which calls :meth:`number`) and in C (``_fastmpi.c``:
-``run``, ``begin``, ``post_and_wait``), because a call into Python costs about what a small
-message costs on the wire. The C reads and writes the fields named in ``__slots__`` below, at
-the offsets their descriptors give. A change to the books is a change to this class and to
-the C twin of ``_direct._run``; ``tests/test_collectives_direct.py`` runs the same calls,
-failures included, through both direct paths and compares the books they leave.
+Two paths do it, with this class's methods: the general one (``Communicator._run``, every
+call: :meth:`CallBooks.number`, and a backend's ``Pending`` as the entry) and the direct path
+(:mod:`._direct`, the calls of NumPy arrays on the MPI backend that need least:
+:meth:`CallBooks.begin`, which numbers the call and appends an :class:`Entry`). What a call
+records is defined here once; the direct path's MPI calls are posted and polled by stateless
+primitives (``_fastmpi.c`` where it built, mpi4py otherwise) that are handed buffers and
+handles and read no Python object's memory.
 
-The direct path records an entry as a list ``[seq, call, shape, dtype, start, end]`` (``end``
-0.0 until it completes): an object is made only when someone reads the recorder
-(:func:`collectives._work.recorded`). When posting fails nothing is in flight and the entry is
-removed; when polling fails (``MPI_Test`` returns an error) the call was posted, so its entry
-stays, never completed, and the MPI error is raised.
+An :class:`Entry` has named fields ``seq, call, shape, dtype, start, end`` (``end`` 0.0 until
+it completes): a ``Pending`` is made from it only when someone reads the recorder
+(:func:`collectives._work.recorded`), when the call outlasts ``yield_after``, or when it
+completes later (made with ``async_op=True``, or inside ``comm.group()``). When posting fails
+nothing is in flight and the entry is removed; when polling fails (``MPI_Test`` returns
+an error) the call was posted, so its entry stays, never completed, and the MPI error is
+raised. Every wait, the direct path's included, is judged by :func:`._deadline.overdue`.
 
 Example:
     >>> books = comm._books
@@ -39,6 +40,21 @@ from typing import Any, Callable
 
 from ._check import POINT_TO_POINT
 from ._errors import CommunicatorStateError
+
+
+class Entry:
+    """One direct-path call in the flight recorder; ``end`` is 0.0 until it completes."""
+
+    __slots__ = ("seq", "call", "shape", "dtype", "start", "end")
+
+    def __init__(self, seq: int, call: str, shape: tuple | None, dtype: str | None):
+        self.seq = seq
+        self.call = call
+        self.shape = shape
+        self.dtype = dtype
+        self.start = monotonic()
+        self.end = 0.0
+
 
 IN_USE = (
     "the communicator is in use by another thread; issue collectives on one "
@@ -64,10 +80,17 @@ class CallBooks:
         recorder: the flight recorder, the last calls (entries or pendings).
         yield_after: seconds of polling before a waiting rank yields its core.
         wait_long: ``wait_long(request, entry, arrays)`` waits for a direct-path call that
-            outlasted ``yield_after``, under the timeout.
+            outlasted ``yield_after``, under the timeout (set by the backend).
+        pending: ``pending(request, entry, arrays)``: the backend's ``Pending`` of a
+            direct-path call, put in its entry's place in the recorder (set by the backend).
+        mpi_error: ``mpi_error(call, error)`` raises an MPI error of a direct-path call as the
+            front end's ``CollectivesError``, the communicator dead.
+        later: ``later(request, entry, arrays, result, async_op)``: a direct-path call made
+            with ``async_op=True`` (its ``Work``) or while ``grouped`` (inside
+            ``Communicator.group()``, held until the block ends).
         handle, rank, size, blocking: the direct path's MPI communicator (in the form
-            ``_direct.handle`` gives), this rank and the size, and whether its calls are
-            blocking MPI calls.
+            ``_direct.handle`` gives), this rank and the size, and whether its synchronous
+            ``all_reduce`` and ``broadcast`` are blocking MPI calls.
         owner: ``threading.get_ident()`` of the thread that owns the communicator (0: none
             known yet); the direct path leaves any other thread's call to the general path,
             which refuses it.
@@ -83,6 +106,10 @@ class CallBooks:
         "recorder",
         "yield_after",
         "wait_long",
+        "pending",
+        "mpi_error",
+        "later",
+        "grouped",
         "handle",
         "rank",
         "size",
@@ -100,7 +127,7 @@ class CallBooks:
         slot: int,
         recorder_length: int,
         yield_after: float,
-        wait_long: Callable[[Any, list, tuple], None],
+        wait_long: Callable[[Any, Entry, tuple], None],
         rank: int,
         size: int,
         inside: Any = None,
@@ -114,6 +141,10 @@ class CallBooks:
         self.recorder: collections.deque = collections.deque(maxlen=recorder_length)
         self.yield_after = yield_after
         self.wait_long = wait_long
+        self.pending: Any = None
+        self.mpi_error: Any = None
+        self.later: Any = None
+        self.grouped = False
         self.handle: Any = None
         self.rank = rank
         self.size = size
@@ -145,3 +176,14 @@ class CallBooks:
                 if nth >= self.next_check or now - last > self.quiet:
                     checker.verify(nth, call, array, name, op, root)
         return seq
+
+    def begin(self, call: str, array: Any, name: Any, op: Any, root: Any) -> Entry:
+        """Number one direct-path call (:meth:`number`) and append its :class:`Entry`."""
+        entry = Entry(
+            self.number(call, array, name, op, root),
+            call,
+            None if array is None else array.shape,
+            name,
+        )
+        self.recorder.append(entry)
+        return entry

@@ -2,12 +2,11 @@
 
 The verbs are thin: each checks its arguments locally (:mod:`._args`, so bad input fails
 before any communication), then ``_run`` keeps the books (:mod:`._books`) and hands the same
-``(x, out, name, op, root)`` to the backend's verb of the same name. A synchronous
-``all_reduce`` or ``broadcast`` of a NumPy array on a backend with a direct path (MPI's: it
-sets it up, :meth:`Backend.direct_path`) first tries that path (:mod:`._direct`), which keeps
-the same books in less. Ownership, closing and failure are in :mod:`._lifecycle`; the backend
-reaches the communicator only through the :class:`~collectives._backend.BackendContext` it is
-given.
+``(x, out, name, op, root)`` to the backend's verb of the same name. Every verb on NumPy
+arrays on a backend with a direct path (MPI's: it sets it up, :meth:`Backend.direct_path`),
+synchronous or not, first tries that path (:mod:`._direct`), which keeps the same books in
+less. Ownership, closing and failure are in :mod:`._lifecycle`; the backend reaches the
+communicator only through the :class:`~collectives._backend.BackendContext` it is given.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from ._args import (
 )
 from ._arrays import as_given, unwrap
 from ._backend import Backend, BackendContext, Stager, Verb
-from ._books import CallBooks
+from ._books import CallBooks, Entry
 from ._dtypes import COMPLEX
 from ._errors import (
     CollectivesError,
@@ -113,7 +112,11 @@ class Communicator(Lifecycle):
         # What stages device arrays through the host (the MPI backend), or None.
         self._stager: Stager | None = impl.stager
         self._check_arrays = impl.check_arrays if impl.checks_arrays else None
-        impl.attach(BackendContext(self, lambda: books.seq, self._fatal, self._mpi_error))
+        impl.attach(
+            BackendContext(
+                self, lambda: books.seq, self._fatal, self._mpi_error, self._dump_flight_record
+            )
+        )
         self._track = 0
         if _timeline.TIMELINE is not None:
             _COUNT[0] += 1
@@ -130,6 +133,7 @@ class Communicator(Lifecycle):
         # no timeline to draw); _fast is them while it may be used: not inside group(), closed
         # or dead.
         self._direct: CallBooks | None = None
+        books.later, books.mpi_error = self._direct_later, self._mpi_error
         if not self._track and impl.direct_path(books):
             self._direct = books
         self._fast = self._direct
@@ -149,8 +153,8 @@ class Communicator(Lifecycle):
     def call_path(self) -> str:
         """Which per-call path runs here, and why, in one line.
 
-        Example: ``comm.call_path`` -> ``"synchronous all_reduce and broadcast of NumPy arrays
-        in C (collectives._fastmpi on libmpi.so.12); other calls through the MPI backend"``.
+        Example: ``comm.call_path`` -> ``"calls on NumPy arrays in C (collectives._fastmpi on
+        libmpi.so.12); other calls through the MPI backend"``.
         """
         if self.backend != "mpi":
             return f"every call through the {self.backend} backend"
@@ -158,8 +162,11 @@ class Communicator(Lifecycle):
             return "every call through the MPI backend (a timeline records each call)"
         how = _direct.HOW
         if self._books.blocking:
-            how += ", as blocking MPI calls (a stuck one ends the job after the timeout)"
-        return f"synchronous all_reduce and broadcast of NumPy arrays {how}; other calls through the MPI backend"
+            how += (
+                ", synchronous all_reduce and broadcast as blocking MPI calls (a stuck one ends "
+                "the job after the timeout)"
+            )
+        return f"calls on NumPy arrays {how}; other calls through the MPI backend"
 
     # ---------------------------------------------------------------- collectives
 
@@ -170,12 +177,9 @@ class Communicator(Lifecycle):
 
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
-        fast = self._fast
-        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
-            try:
-                result = _direct.all_reduce(fast, x, op, out)
-            except MPI.Exception as e:
-                self._mpi_error("all_reduce", e)
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.all_reduce(fast, x, op, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -198,6 +202,11 @@ class Communicator(Lifecycle):
         async_op: bool = False,
     ) -> Any:
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.reduce(fast, x, root, op, out, async_op)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "reduce")
         self._root("reduce", root)
@@ -213,12 +222,9 @@ class Communicator(Lifecycle):
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
-        fast = self._fast
-        if fast is not None and not async_op:  # it checks the owner thread (books.owner)
-            try:
-                result = _direct.broadcast(fast, x, root)
-            except MPI.Exception as e:
-                self._mpi_error("broadcast", e)
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.broadcast(fast, x, root, async_op)
             if result is not NotImplemented:
                 return result
         given = x
@@ -235,6 +241,11 @@ class Communicator(Lifecycle):
 
         ``x`` may be ``out[rank]`` itself (the in-place form).
         """
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.all_gather(fast, x, out, async_op)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "all_gather")
         shape = (self.size, *x.shape)
@@ -252,6 +263,11 @@ class Communicator(Lifecycle):
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
     ) -> Any:
         """``out`` (shape ``x.shape[1:]``) is the reduction over ranks of ``x[rank]``."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.reduce_scatter(fast, x, op, out, async_op)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "reduce_scatter")
         self._leading("reduce_scatter", x)
@@ -268,6 +284,11 @@ class Communicator(Lifecycle):
 
     def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.all_to_all(fast, x, out, async_op)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "all_to_all")
         self._leading("all_to_all", x)
@@ -281,6 +302,11 @@ class Communicator(Lifecycle):
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.gather(fast, x, root, out, async_op)
+            if result is not NotImplemented:
+                return result
         given = x, out
         x, name = unwrap(x, "gather")
         self._root("gather", root)
@@ -296,6 +322,11 @@ class Communicator(Lifecycle):
     ) -> Any:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.scatter(fast, x, root, out, async_op)
+            if result is not NotImplemented:
+                return result
         self._root("scatter", root)
         given = x, out
         if x is not None:
@@ -322,12 +353,22 @@ class Communicator(Lifecycle):
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.send(fast, x, peer, async_op)
+            if result is not NotImplemented:
+                return result
         x, name = unwrap(x, "send")
         self._peer("send", peer)
         return self._run("send", self._impl.send, x, None, name, None, peer, async_op, None)
 
     def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Receive into ``x`` from ``peer``."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.recv(fast, x, peer, async_op)
+            if result is not NotImplemented:
+                return result
         given = x
         x, name = unwrap(x, "recv")
         self._peer("recv", peer)
@@ -336,6 +377,11 @@ class Communicator(Lifecycle):
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = _direct.barrier(fast, async_op)
+            if result is not NotImplemented:
+                return result
         return self._run(
             "barrier", self._impl.barrier, None, None, None, None, None, async_op, None
         )
@@ -357,13 +403,14 @@ class Communicator(Lifecycle):
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
         self._group = []
-        self._fast = None
+        self._books.grouped = True  # direct-path calls are held too (_direct_later)
         failed = True
         try:
             yield self
             failed = False
         finally:
             pendings, self._group = self._group, None
+            self._books.grouped = False
             if self._unusable is None:
                 self._fast = self._direct
             self._impl.group_end(pendings)
@@ -427,6 +474,19 @@ class Communicator(Lifecycle):
         return self._impl.xp
 
     # ---------------------------------------------------------------- internals
+
+    def _direct_later(
+        self, request: Any, entry: Entry, args: tuple, result: Any, async_op: bool
+    ) -> Any:
+        """A direct-path call that completes later (``books.later``): made with
+        ``async_op=True`` (its ``Work``), or inside :meth:`group` (held until the block ends)."""
+        pending = self._books.pending(request, entry, args)
+        group = self._group
+        if group is not None:
+            group.append(pending)
+            if not async_op:
+                return result
+        return Work(self, pending, result)
 
     def _run(
         self,
@@ -523,6 +583,6 @@ class Communicator(Lifecycle):
         return checked_slot_out(call, out, x, name, shape, self.rank, out_is_part)
 
 
-def _no_direct_path(request: Any, entry: list, args: tuple) -> None:
+def _no_direct_path(request: Any, entry: Entry, args: tuple) -> None:
     """``books.wait_long`` where the backend has set up no direct path: never called."""
     raise RuntimeError("no direct path on this communicator")

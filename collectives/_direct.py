@@ -1,25 +1,30 @@
-"""The direct path: a synchronous ``all_reduce`` or ``broadcast`` of a NumPy array on the MPI
-backend, from the argument checks to the completed call, for the calls that need least.
+"""The direct path: every verb on NumPy arrays on the MPI backend, synchronous or not, from
+the argument checks to the completed call (or its ``Work``), for the calls that need least.
 
-What :meth:`Communicator._run` does, in less: it keeps the same books (:mod:`._books`: the
-thread token, numbering, check mode, progress board, flight recorder, whose entry is a list
-here, not an object), then posts the non-blocking MPI call and polls it until it completes.
-A call that lasts past ``yield_after`` is handed to the books' ``wait_long``, which waits on
-it under the timeout. Anything unusual (another type, dtype, op or layout, a bad root,
-another thread holding the communicator) returns ``NotImplemented`` before any bookkeeping,
-and the general path runs the call or names the error. This is the per-call cost that small
-messages see.
+What :meth:`Communicator._run` does, in less: the same books, kept by the same methods
+(:meth:`CallBooks.begin <._books.CallBooks.begin>`: the thread token, numbering, check mode,
+progress board, a flight-recorder :class:`~._books.Entry`), then two stateless primitives:
+``post`` makes the MPI call of one kind (:data:`KINDS`) and gives its request, and ``poll``
+tests that request, the GIL released, for up to ``yield_after``. A call that lasts longer is
+handed to the books' ``wait_long``, which waits on it as a ``Pending`` under the timeout; a
+call made with ``async_op=True``, or inside ``comm.group()``, is handed to the books'
+``later``, which gives its ``Work`` or holds it until the block ends.
+Anything unusual (another type, dtype, op or layout, overlapping arrays, a bad root or peer,
+a count above what one MPI call takes, another thread holding the communicator) returns
+``NotImplemented`` before any bookkeeping, and the general path runs the call or names the
+error. This is the per-call cost that small messages see.
 
-Two implementations with one interface, ``all_reduce(books, x, op, out)`` and
-``broadcast(books, x, root)``: ``collectives/_fastmpi.c`` where it built for the MPI
-library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``), this module's Python on mpi4py
-otherwise (or with ``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects in the
-form the chosen one takes.
+The primitives have two implementations with one interface: ``collectives/_fastmpi.c`` where
+it built for the MPI library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``), and
+:func:`_py_post` / :func:`_py_poll` on mpi4py otherwise (or with
+``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects in the form the chosen one
+takes, :func:`request` turns what ``post`` gave into an mpi4py request.
 
 On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
 Open MPI and Intel MPI, whose non-blocking collectives are slower than their blocking ones)
-both make the blocking MPI calls instead. A blocking call cannot be interrupted, so a stuck
-one is ended by :data:`WATCHDOG`, which prints the timeout error and aborts the job.
+a synchronous ``all_reduce`` or ``broadcast`` is a blocking MPI call. A blocking call cannot
+be interrupted, so a stuck one is ended by :data:`._watchdog.WATCHDOG`, which prints the
+timeout error and aborts the job.
 
 Example:
     >>> comm = col.init(backend="mpi")
@@ -30,19 +35,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
-import threading
-import weakref
+from os import sched_yield
 from threading import get_ident
-from time import monotonic, sleep
+from time import monotonic
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ._arrays import may_share_memory
+from ._arrays import is_slot, may_share_memory
 from ._books import CallBooks
-from ._mpi_base import FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
+from ._mpi_base import _TAG, FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE
@@ -62,63 +65,342 @@ def distinct_twin(out: Any, x: Any) -> bool:
     )
 
 
-#: elements above which the Python path leaves a call to the general one (``_mpi.MAX_COUNT``)
+#: elements above which a call is left to the general one (``_mpi.MAX_COUNT``, its parts)
 _LARGE = 2**31 - 1
 
+#: the kinds of MPI call the primitives post (the order of ``_fastmpi.c``'s enum)
+KINDS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "barrier",
+)
+(
+    ALL_REDUCE,
+    BROADCAST,
+    REDUCE,
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    ALL_TO_ALL,
+    GATHER,
+    SCATTER,
+    SEND,
+    RECV,
+    BARRIER,
+) = range(len(KINDS))
 
-def _all_reduce(books: CallBooks, x: Any, op: Any, out: Any) -> Any:
+
+# ---------------------------------------------------------------- the primitives, on mpi4py
+
+
+def _spec(array: Any, t: Any, none: Any) -> Any:
+    return none if array is None else [array, t]
+
+
+def _py_post(
+    kind: int, blocking: bool, comm: Any, s: Any, r: Any, count: int, t: Any, op: Any, root: int
+) -> Any:
+    """``_fastmpi.post`` on mpi4py: the request, or None once a blocking call returned."""
+    if kind == ALL_REDUCE:
+        post = comm.Allreduce if blocking else comm.Iallreduce
+        return post(_spec(s, t, _IN_PLACE), [r, t], op)
+    if kind == BROADCAST:
+        return (comm.Bcast if blocking else comm.Ibcast)([r, t], root)
+    if kind == REDUCE:
+        return comm.Ireduce(_spec(s, t, _IN_PLACE), _spec(r, t, None), op, root)
+    if kind == ALL_GATHER:
+        return comm.Iallgather(_spec(s, t, _IN_PLACE), [r, t])
+    if kind == REDUCE_SCATTER:
+        return comm.Ireduce_scatter_block([s, t], [r, t], op)
+    if kind == ALL_TO_ALL:
+        return comm.Ialltoall(_spec(s, t, _IN_PLACE), [r, t])
+    if kind == GATHER:
+        return comm.Igather(_spec(s, t, _IN_PLACE), _spec(r, t, None), root)
+    if kind == SCATTER:
+        return comm.Iscatter(_spec(s, t, None), _spec(r, t, _IN_PLACE), root)
+    if kind == SEND:
+        return comm.Isend([s, t], root, _TAG)
+    if kind == RECV:
+        return comm.Irecv([r, t], root, _TAG)
+    return comm.Ibarrier()
+
+
+#: seconds of yielding polls before ``poll`` hands a call back to the caller's wait
+HAND_BACK = 0.01
+
+
+def _py_poll(request: Any, yield_after: float) -> bool:
+    """``_fastmpi.poll`` on mpi4py: True once complete, False after ``yield_after`` s of
+    busy polls and :data:`HAND_BACK` s more of polls that each yield the core."""
+    test = request.Test
+    start = monotonic()
+    polls = 0
+    waited = 0.0
+    while not test():  # an error here leaves the entry: the call was posted
+        if waited > yield_after:
+            sched_yield()
+            if (waited := monotonic() - start) > yield_after + HAND_BACK:
+                return False
+        else:
+            polls += 1
+            if polls & 255 == 0:
+                waited = monotonic() - start
+    return True
+
+
+# ---------------------------------------------------------------- the verbs
+
+
+def _array(x: Any, writeable: bool) -> Any:
+    """(name, MPI datatype) of ``x``, a C-contiguous NumPy array of a type the direct path
+    takes (writeable if asked), or None."""
+    if type(x) is not np.ndarray or x.size > _LARGE:
+        return None
+    flags = x.flags
+    if not flags.c_contiguous or (writeable and not flags.writeable):
+        return None
+    return FAST_TYPE.get(x.dtype)
+
+
+def _made(out: Any, x: Any, shape: tuple) -> bool:
+    """Whether ``out`` is a writeable C-contiguous NumPy array of ``x``'s dtype and ``shape``."""
+    return (
+        type(out) is np.ndarray
+        and out.dtype is x.dtype
+        and out.shape == shape
+        and (flags := out.flags).c_contiguous
+        and flags.writeable
+    )
+
+
+def _apart(a: Any, b: Any) -> bool:
+    return (a.base is None and b.base is None) or not may_share_memory(a, b)
+
+
+def all_reduce(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.all_reduce`` of a NumPy array, or NotImplemented."""
     if type(x) is not np.ndarray or type(op) not in _OP_TYPES:
         return NotImplemented
     types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
     flags = x.flags
     if types is None or ops is None or not flags.c_contiguous or x.size > _LARGE:
         return NotImplemented  # (a count above what one call takes: the general path's parts)
-    name, t = types
-    source: Any
     if out is None or out is x:
         if not flags.writeable:
             return NotImplemented
-        source, result = _IN_PLACE, x
+        send, result = None, x
     elif distinct_twin(out, x):
-        source, result = [x, t], out
+        send, result = x, out
     else:
         return NotImplemented
-    post = books.handle.Allreduce if books.blocking else books.handle.Iallreduce
+    name, t = types
     return _run(
-        books, "all_reduce", x, name, ops[0], None, result, post, (source, [result, t], ops[1])
+        books, ALL_REDUCE, x, name, ops[0], None, result, send, result, x.size, t, ops[1], async_op
     )
 
 
-def _broadcast(books: CallBooks, x: Any, root: Any) -> Any:
-    if type(x) is not np.ndarray or type(root) is not int:
+def broadcast(books: CallBooks, x: Any, root: Any, async_op: bool = False) -> Any:
+    """``Communicator.broadcast`` of a NumPy array, or NotImplemented."""
+    if type(root) is not int or not 0 <= root < books.size:
         return NotImplemented
-    types = FAST_TYPE.get(x.dtype)
-    flags = x.flags
-    if types is None or not flags.c_contiguous or not 0 <= root < books.size or x.size > _LARGE:
-        return NotImplemented
-    if not flags.writeable and root != books.rank:  # the root only reads x
+    types = _array(x, root != books.rank)  # the root only reads x
+    if types is None:
         return NotImplemented
     name, t = types
-    post = books.handle.Bcast if books.blocking else books.handle.Ibcast
-    return _run(books, "broadcast", x, name, None, root, x, post, ([x, t], root))
+    return _run(books, BROADCAST, x, name, None, root, x, None, x, x.size, t, _NO_OP, async_op)
 
 
-#: the code a blocking call posts on the board (``_progress.BLOCKING_CALLS``)
-_CODE = {"all_reduce": 1, "broadcast": 2}
+def reduce(books: CallBooks, x: Any, root: Any, op: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.reduce`` of a NumPy array, or NotImplemented."""
+    if type(root) is not int or not 0 <= root < books.size or type(op) not in _OP_TYPES:
+        return NotImplemented
+    ops = FAST_OP.get(op)
+    mine = root == books.rank
+    types = _array(x, mine and (out is None or out is x))
+    if types is None or ops is None:
+        return NotImplemented
+    if not mine:
+        if not (out is None or out is x or distinct_twin(out, x)):
+            return NotImplemented  # the general path checks it (and then ignores it)
+        send, result = x, None
+    elif out is None or out is x:
+        send, result = None, x
+    elif distinct_twin(out, x):
+        send, result = x, out
+    else:
+        return NotImplemented
+    name, t = types
+    return _run(
+        books, REDUCE, x, name, ops[0], root, x if not mine else result, send, result,
+        x.size, t, ops[1], async_op,
+    )  # fmt: skip
+
+
+def all_gather(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.all_gather`` of a NumPy array, or NotImplemented."""
+    types = _array(x, False)
+    if types is None:
+        return NotImplemented
+    shape = (books.size, *x.shape)
+    send = x
+    if out is None:
+        out = np.empty(shape, x.dtype)
+    elif not _made(out, x, shape):
+        return NotImplemented
+    elif is_slot(x, out, books.rank):
+        send = None
+    elif not _apart(x, out):
+        return NotImplemented
+    name, t = types
+    return _run(books, ALL_GATHER, x, name, None, None, out, send, out, x.size, t, _NO_OP, async_op)
+
+
+def reduce_scatter(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.reduce_scatter`` of a NumPy array, or NotImplemented."""
+    if type(op) not in _OP_TYPES:
+        return NotImplemented
+    ops = FAST_OP.get(op)
+    types = _array(x, False)
+    if types is None or ops is None or x.ndim == 0 or x.shape[0] != books.size:
+        return NotImplemented
+    shape = x.shape[1:]
+    if out is None:
+        out = np.empty(shape, x.dtype)
+    elif not _made(out, x, shape) or not _apart(x, out):
+        return NotImplemented  # the in-place form (out is x[rank]) goes through a copy there
+    name, t = types
+    return _run(
+        books, REDUCE_SCATTER, x, name, ops[0], None, out, x, out, out.size, t, ops[1], async_op
+    )
+
+
+def all_to_all(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.all_to_all`` of a NumPy array, or NotImplemented."""
+    size = books.size
+    types = _array(x, out is x)
+    if types is None or x.ndim == 0 or x.shape[0] != size:
+        return NotImplemented
+    send: Any = x
+    if out is None:
+        out = np.empty(x.shape, x.dtype)
+    elif out is x:
+        send = None
+    elif not distinct_twin(out, x):
+        return NotImplemented
+    name, t = types
+    count = x.size // size
+    return _run(books, ALL_TO_ALL, x, name, None, None, out, send, out, count, t, _NO_OP, async_op)
+
+
+def gather(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.gather`` of a NumPy array, or NotImplemented."""
+    if type(root) is not int or not 0 <= root < books.size:
+        return NotImplemented
+    types = _array(x, False)
+    if types is None:
+        return NotImplemented
+    send = x
+    if root != books.rank:
+        out = None  # not looked at on other ranks
+    elif out is None:
+        out = np.empty((books.size, *x.shape), x.dtype)
+    elif not _made(out, x, (books.size, *x.shape)):
+        return NotImplemented
+    elif is_slot(x, out, root):
+        send = None
+    elif not _apart(x, out):
+        return NotImplemented
+    name, t = types
+    return _run(books, GATHER, x, name, None, root, out, send, out, x.size, t, _NO_OP, async_op)
+
+
+def scatter(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False) -> Any:
+    """``Communicator.scatter`` of NumPy arrays, or NotImplemented."""
+    if type(root) is not int or not 0 <= root < books.size:
+        return NotImplemented
+    mine = root == books.rank
+    if x is not None:
+        types = _array(x, False)
+        if types is None or x.ndim == 0 or x.shape[0] != books.size:
+            return NotImplemented
+        like, shape = x, x.shape[1:]
+    elif mine or out is None:
+        return NotImplemented  # the general path names what is missing
+    else:
+        like, shape = out, out.shape
+        types = _array(out, True)
+        if types is None:
+            return NotImplemented
+    recv = out
+    if out is None:
+        out = recv = np.empty(shape, like.dtype)
+    elif not _made(out, like, shape):
+        return NotImplemented
+    elif x is not None and is_slot(out, x, books.rank):
+        recv = None if mine else out  # in place on the root
+    elif x is not None and not _apart(x, out):
+        return NotImplemented
+    name, t = types
+    return _run(
+        books, SCATTER, x if mine else out, name, None, root, out, x if mine else None, recv,
+        out.size, t,
+        _NO_OP, async_op,
+    )  # fmt: skip
+
+
+def send(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
+    """``Communicator.send`` of a NumPy array, or NotImplemented."""
+    if type(peer) is not int or not 0 <= peer < books.size or peer == books.rank:
+        return NotImplemented
+    types = _array(x, False)
+    if types is None:
+        return NotImplemented
+    name, t = types
+    return _run(books, SEND, x, name, None, peer, None, x, None, x.size, t, _NO_OP, async_op)
+
+
+def recv(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
+    """``Communicator.recv`` into a NumPy array, or NotImplemented."""
+    if type(peer) is not int or not 0 <= peer < books.size or peer == books.rank:
+        return NotImplemented
+    types = _array(x, True)
+    if types is None:
+        return NotImplemented
+    name, t = types
+    return _run(books, RECV, x, name, None, peer, x, None, x, x.size, t, _NO_OP, async_op)
+
+
+def barrier(books: CallBooks, async_op: bool = False) -> Any:
+    """``Communicator.barrier``, or NotImplemented."""
+    return _run(
+        books, BARRIER, None, None, None, None, None, None, None, 0, _NO_TYPE, _NO_OP, async_op
+    )
 
 
 def _run(
     books: CallBooks,
-    call: str,
-    array: np.ndarray,
-    name: str,
+    kind: int,
+    array: Any,
+    name: str | None,
     op: ReduceOp | None,
     root: int | None,
-    result: np.ndarray,
-    post: Any,
-    args: tuple,
+    result: Any,
+    send: Any,
+    recv: Any,
+    count: int,
+    t: Any,
+    mpi_op: Any,
+    async_op: bool,
 ) -> Any:
-    """Steps 1 to 5 of :mod:`._books` for one call; ``_fastmpi.c``'s ``run`` is its C twin."""
+    """Steps 1 to 5 of :mod:`._books` for one call: the books' methods, then the primitives
+    ``post`` and ``poll`` (see the module docstring)."""
     if get_ident() != books.owner:
         return NotImplemented  # not the owner thread's call: the general path refuses it
     token = books.token
@@ -127,48 +409,59 @@ def _run(
     except IndexError:
         return NotImplemented  # another thread's call: the general path says so
     try:
-        seq = books.number(call, array, name, op, root)
-        entry: list[Any] = [seq, call, array.shape, name, monotonic(), 0.0]
-        recorder = books.recorder
-        recorder.append(entry)
-        blocking = books.blocking
-        if blocking:
+        try:
+            entry = books.begin(KINDS[kind], array, name, op, root)
+            later = async_op or books.grouped
+            blocking = books.blocking and kind <= BROADCAST and not later
             # A blocking call cannot post anything once begun: the board says beforehand that
             # this rank is inside it, and 0 once it returns (``_progress.BLOCKING_CALLS``).
-            inside = books.inside
+            inside = books.inside if blocking else None
             if inside is not None:
-                inside[books.slot] = (seq - books.p2p) * 4 + _CODE[call]
-            else:
-                blocking = False
-        try:
-            request = post(*args)
-        except BaseException:
-            recorder.pop()  # posting failed: nothing is in flight to record
-            raise
+                inside[books.slot] = (entry.seq - books.p2p) * 4 + kind + 1
+            try:
+                request = post(
+                    kind, blocking, books.handle, send, recv, count, t, mpi_op, root or 0
+                )
+            except BaseException:
+                books.recorder.pop()  # posting failed: nothing is in flight to record
+                raise
+            finally:
+                if inside is not None:
+                    inside[books.slot] = 0
+            if later:
+                return books.later(request, entry, (send, recv), result, async_op)
+            if request is not None and not poll(request, books.yield_after):
+                books.wait_long(request, entry, (send, recv))
+            entry.end = monotonic()
         finally:
-            if blocking:
-                inside[books.slot] = 0
-        if request is None:  # a blocking call: done
-            entry[5] = monotonic()
-            return result
-        test = request.Test
-        start, yield_after = entry[4], books.yield_after
-        polls = 0
-        while not test():  # an error here leaves the entry: the call was posted
-            polls += 1
-            if polls & 255 == 0 and monotonic() - start > yield_after:
-                books.wait_long(request, entry, args)
-                break
-        entry[5] = monotonic()
-    finally:
-        token.append(None)
+            token.append(None)
+    except MPI.Exception as e:  # the token is back: the communicator dies of it
+        books.mpi_error(KINDS[kind], e)
     return result
 
 
-#: MPI calls the C path takes, by ABI: (non-blocking all-reduce, broadcast, blocking ones, test)
+#: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
+#: then the blocking all-reduce and broadcast, then MPI_Test; Open MPI 5 has no large-count
+#: (``_c``) calls
+_MPICH_CALLS = (
+    "MPI_Iallreduce_c",
+    "MPI_Ibcast_c",
+    "MPI_Ireduce_c",
+    "MPI_Iallgather_c",
+    "MPI_Ireduce_scatter_block_c",
+    "MPI_Ialltoall_c",
+    "MPI_Igather_c",
+    "MPI_Iscatter_c",
+    "MPI_Isend_c",
+    "MPI_Irecv_c",
+    "MPI_Ibarrier",
+    "MPI_Allreduce_c",
+    "MPI_Bcast_c",
+    "MPI_Test",
+)
 _CALLS = {
-    "mpich": ("MPI_Iallreduce_c", "MPI_Ibcast_c", "MPI_Allreduce_c", "MPI_Bcast_c", "MPI_Test"),
-    "ompi": ("MPI_Iallreduce", "MPI_Ibcast", "MPI_Allreduce", "MPI_Bcast", "MPI_Test"),
+    "mpich": _MPICH_CALLS,
+    "ompi": tuple(name[:-2] if name.endswith("_c") else name for name in _MPICH_CALLS),
 }
 
 
@@ -198,7 +491,7 @@ def _compiled() -> tuple[Any, str]:
     except ImportError:
         return None, f"in Python (the C extension for the {abi} ABI was not built)"
     if not hasattr(MPI.Request, "fromhandle"):
-        return None, "in Python (the C path needs mpi4py >= 4)"
+        return None, "in Python (the C primitives need mpi4py >= 4)"
     try:
         lib = ctypes.CDLL(path)
         addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _CALLS[abi]]
@@ -212,55 +505,6 @@ _FAST, HOW = _compiled()
 COMPILED = _FAST is not None
 
 
-class _Watchdog:
-    """Ends the job when a blocking direct-path call outlasts its communicator's timeout.
-
-    It reads each watched communicator's newest flight-recorder entry (a list whose end
-    stays 0.0 until the call returns): no cost per call. The error that a caller would have
-    got is printed, the flight record dumped where asked, and the job aborted.
-    """
-
-    def __init__(self) -> None:
-        self.comms: weakref.WeakSet = weakref.WeakSet()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, comm: Any) -> None:
-        self.comms.add(comm)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="collectives-watchdog")
-            self._thread.daemon = True
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            sleep(0.05)
-            now = monotonic()
-            for comm in list(self.comms):
-                recorder = comm.recorder
-                entry = recorder[-1] if recorder else None
-                if type(entry) is list and entry[5] == 0.0 and now - entry[4] > comm.timeout:
-                    self._end(comm, entry, now - entry[4])
-
-    @staticmethod
-    def _end(comm: Any, entry: list, waited: float) -> None:
-        from ._abort import _let_the_launcher_read_stderr
-        from ._work import recorded, timeout_error
-
-        error = timeout_error(comm, recorded(entry), waited)
-        comm._dump_flight_record()
-        sys.stderr.write(
-            f"[rank {MPI.COMM_WORLD.Get_rank()}] CollectiveTimeoutError: {error}\n"
-            "A blocking MPI call cannot be interrupted (COLLECTIVES_MPI_BLOCKING=0 makes "
-            "it non-blocking): aborting the job.\n"
-        )
-        sys.stderr.flush()
-        _let_the_launcher_read_stderr()
-        MPI.COMM_WORLD.Abort(1)
-
-
-WATCHDOG = _Watchdog()
-
-
 def handle(obj: Any) -> Any:
     """``obj`` (an MPI communicator, datatype or op) as the direct path takes it."""
     return MPI._handleof(obj) if COMPILED else obj
@@ -272,26 +516,27 @@ FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.
 FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
 
 
+_NO_OP = handle(MPI.OP_NULL)
+_NO_TYPE = handle(MPI.DATATYPE_NULL)
+
+
 def set_up(module: Any, addresses: list[int]) -> None:
-    """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them) and the
-    objects it checks against."""
-    module.setup(
-        *addresses,
-        int(_IN_PLACE),
-        MPI.Exception,
-        MPI.Request.fromhandle,
-        np.ndarray,
-        FAST_TYPE,
-        FAST_OP,
-        ReduceOp,
-        CallBooks,
-    )
+    """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them)."""
+    module.setup(list(addresses), int(_IN_PLACE), _TAG, MPI.Exception)
+
+
+def _c_request(given: Any) -> MPI.Request:
+    """The mpi4py request of a handle that the C ``post`` gave."""
+    return MPI.Request.fromhandle(given)
+
+
+def _py_request(given: Any) -> MPI.Request:
+    """The mpi4py request that ``_py_post`` gave."""
+    return given
 
 
 if _FAST is not None:
     set_up(*_FAST)
-    all_reduce = _FAST[0].all_reduce
-    broadcast = _FAST[0].broadcast
+    post, poll, request = _FAST[0].post, _FAST[0].poll, _c_request
 else:
-    all_reduce = _all_reduce
-    broadcast = _broadcast
+    post, poll, request = _py_post, _py_poll, _py_request

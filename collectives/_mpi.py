@@ -18,10 +18,11 @@ from mpi4py import MPI
 from . import _direct, _mpi_parts
 from ._arrays import array_module, is_device_array, is_slot
 from ._backend import BackendContext, Verb
-from ._books import CallBooks
+from ._books import CallBooks, Entry
 from ._errors import CollectivesError, CollectiveTimeoutError
 from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here)
     _ABANDONED,
+    _TAG,
     FAST_OP_OBJECTS,
     FAST_TYPE_OBJECTS,
     MPI_OP,
@@ -36,9 +37,9 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
 )
 from ._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from ._ops import ReduceOp
+from ._watchdog import WATCHDOG
 from ._work import Pending
 
-_TAG = 7071
 _REAP_AT = 64  # calls in flight on one communicator before those done are looked for
 
 
@@ -123,23 +124,34 @@ class MpiBackend:
 
     def direct_path(self, books: CallBooks) -> bool:
         """Set ``books`` up for the direct path on this communicator; a blocking one is
-        watched (:data:`._direct.WATCHDOG`), since nothing else can end it."""
+        watched (:data:`._watchdog.WATCHDOG`), since nothing else can end it."""
         assert self._context is not None  # attached by the front end first
         books.handle, books.blocking = _direct.handle(self.comm), self.blocking
-        books.wait_long = self._wait_long
+        books.wait_long, books.pending = self._wait_long, self._direct_pending
         if self.blocking:
-            _direct.WATCHDOG.watch(self._context.waiter)
+            WATCHDOG.watch(self._context)
         return True
 
-    def _wait_long(self, request: MPI.Request, entry: list, args: tuple) -> None:
-        """The rest of a long direct-path wait (``books.wait_long``): yielding the core, under
-        the timeout. ``args`` holds the arrays, which MPI may still write after a timeout:
-        the pending owns them, and the backend keeps them past an abort."""
+    def _direct_pending(self, request: Any, entry: Entry, args: tuple) -> MpiPending:
+        """The pending of a direct-path call that someone waits on (``books.pending``), in its
+        entry's place in the recorder. ``args`` holds the arrays, which MPI may still write
+        after a timeout: the pending owns them, and the backend keeps them past an abort."""
         context = self._context
         assert context is not None
-        pending = MpiPending(request, args, self.in_flight)
-        pending.info, pending.start = tuple(entry[:4]), entry[4]
+        if len(self.in_flight) >= self._reap_at:
+            self._reap()
+        pending = MpiPending(_direct.request(request), args, self.in_flight)
+        pending.info = (entry.seq, entry.call, entry.shape, entry.dtype)
+        pending.start = entry.start
         context.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
+        return pending
+
+    def _wait_long(self, request: Any, entry: Entry, args: tuple) -> None:
+        """The rest of a long direct-path wait (``books.wait_long``): yielding the core, under
+        the timeout."""
+        context = self._context
+        assert context is not None
+        pending = self._direct_pending(request, entry, args)
         try:
             pending._waited(context.waiter)  # yield now: it has already polled for yield_after
             context.synchronize(pending)

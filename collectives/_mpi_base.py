@@ -18,6 +18,9 @@ from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._ops import BY_NAME, ReduceOp
 from ._work import Pending
 
+#: the tag of send/recv (the direct path's and the backend's: one matching order)
+_TAG = 7071
+
 
 def _mpi_type(name: str) -> MPI.Datatype:
     return getattr(MPI, name, MPI.DATATYPE_NULL)
@@ -155,10 +158,13 @@ class MpiPending(Pending):
             return
         test = self.request.Test
         polls = 0
-        while not test():  # busy, as MPI's own blocking wait polls
+        yielding = False
+        while not test():  # busy, as MPI's own blocking wait polls, then yielding the core
             polls += 1
             if polls & 255 == 0:
-                self._waited(comm)
+                yielding = self._waited(comm)
+            elif yielding:
+                os.sched_yield()
         self._complete()
 
     wait = synchronize  # MPI has no stream to order: waiting is blocking

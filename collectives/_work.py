@@ -62,11 +62,12 @@ class Pending:
     def synchronize(self, comm: Any) -> None:
         raise NotImplementedError
 
-    def _waited(self, comm: Any) -> None:
+    def _waited(self, comm: Any) -> bool:
         """For host-side waits that poll, every 256 polls: past ``comm.yield_after`` seconds
         yield the core, past 1 s sleep between polls, past the timeout raise
         ``CollectiveTimeoutError`` (the front end then declares the communicator dead); once
-        another rank has declared it failed, raise ``CommunicatorStateError`` naming that."""
+        another rank has declared it failed, raise ``CommunicatorStateError`` naming that.
+        Whether it is past ``yield_after`` (the polls between may yield the core too)."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:
             check_peers = getattr(comm, "_check_peers", None)
@@ -80,6 +81,8 @@ class Pending:
                 time.sleep(1e-3)
             else:
                 os.sched_yield()
+            return True
+        return False
 
     def _complete(self) -> None:
         self.done = True
@@ -121,18 +124,18 @@ class Pending:
 
 
 class Recorded(Pending):
-    """A flight-recorder entry that the fast synchronous path stored as a plain list
-    ``[seq, call, shape, dtype, start, end]`` (end 0.0 until it completes): an object is
-    made only when someone reads the recorder."""
+    """A flight-recorder entry that the direct path stored as an ``_books.Entry`` (end 0.0
+    until it completes): a ``Pending`` is made only when someone reads the recorder."""
 
-    def __init__(self, entry: list):
-        self.info, self.start, self.end = tuple(entry[:4]), entry[4], entry[5]
+    def __init__(self, entry: Any):
+        self.info = (entry.seq, entry.call, entry.shape, entry.dtype)
+        self.start, self.end = entry.start, entry.end
         self.done = self.end > 0.0
         self.state = "completed" if self.done else "started"
         self.finish = None
 
 
-def recorded(entry: Pending | list) -> Pending:
+def recorded(entry: Any) -> Pending:
     """A flight-recorder entry, whichever form it was stored in."""
     return entry if isinstance(entry, Pending) else Recorded(entry)
 

@@ -31,10 +31,10 @@ def test_the_compiled_path_is_in_use_where_it_can_be():
     # Linux, an MPICH-ABI MPI-4 library and a C compiler at install: .ci/run has all three.
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
         assert not _direct.COMPILED
-        assert _direct.all_reduce is _direct._all_reduce
+        assert (_direct.post, _direct.poll) == (_direct._py_post, _direct._py_poll)
     elif sys.platform == "linux" and MPI.Get_library_version().startswith("MPICH"):
         assert _direct.COMPILED
-        assert type(_direct.all_reduce).__name__ == "builtin_function_or_method"
+        assert type(_direct.post).__name__ == "builtin_function_or_method"
 
 
 def test_the_communicator_says_which_path_runs_and_why(comm):
@@ -64,8 +64,8 @@ def test_these_tests_pass_with_the_python_implementation():
     assert run.returncode == 0, run.stdout[-4000:]
 
 
-# The same calls through either direct path, then the books they leave: what _books.py says
-# the C twin (_fastmpi.c) and the Python one (_direct._run) must agree on.
+# The same calls through the direct path on either primitives, C (_fastmpi.c) or mpi4py
+# (_direct._py_post, _py_poll), then the books they leave: they must agree.
 _BOOKS_AFTER_CALLS = """
 import contextlib, ctypes, json, sys
 import numpy as np
@@ -83,7 +83,7 @@ def failing_polls(books):
         fail = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
             lambda request, done, status: MPI.ERR_OTHER
         )
-        _direct.set_up(module, [*addresses[:4], ctypes.cast(fail, ctypes.c_void_p).value])
+        _direct.set_up(module, [*addresses[:-1], ctypes.cast(fail, ctypes.c_void_p).value])
         try:
             yield
         finally:
@@ -118,8 +118,15 @@ with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as com
     comm.broadcast(x)
     comm.all_reduce(x, "avg")  # the general path
     comm.all_reduce(np.ones((2, 3), np.int32))
-    # MPI errors straight from the direct path (the communicator would turn them into a
-    # CollectivesError and declare itself dead)
+    comm.all_gather(x)
+    comm.reduce(x, 0, "min")
+    comm.all_reduce(x, async_op=True).wait()
+    # MPI errors straight from the direct path (the communicator's mpi_error would turn them
+    # into a CollectivesError and declare itself dead)
+    def raise_it(call, error):
+        raise error
+
+    books.mpi_error = raise_it
     handle, books.handle = books.handle, _direct.handle(MPI.COMM_NULL)
     try:
         _direct.broadcast(books, x, 0)
@@ -156,11 +163,12 @@ def test_the_c_and_python_direct_paths_keep_the_same_books(blocking):
     assert said[0] == said[1]
     seq, p2p, board, token, record = json.loads(said[0])
     polled = blocking == "0"
-    assert (seq, p2p, board, token) == (7 + polled, 0, 7 + polled, [None])
-    # 6, the broadcast that failed to post, is not in flight; 7, the all_reduce whose poll
+    assert (seq, p2p, board, token) == (10 + polled, 0, 10 + polled, [None])
+    # 9, the broadcast that failed to post, is not in flight; 10, the all_reduce whose poll
     # failed, was posted: it stays, never completed
     expected = [(1, "all_reduce"), (2, "all_reduce"), (3, "broadcast"), (4, "all_reduce")]
-    expected += [(5, "all_reduce")] + [(7, "all_reduce")] * polled + [(7 + polled, "barrier")]
+    expected += [(5, "all_reduce"), (6, "all_gather"), (7, "reduce"), (8, "all_reduce")]
+    expected += [(10, "all_reduce")] * polled + [(10 + polled, "barrier")]
     assert [tuple(entry[:2]) for entry in record] == expected
     assert [entry[4] for entry in record].count("started") == polled
 
@@ -247,12 +255,17 @@ def test_a_thread_holding_the_communicator_leaves_the_call_to_the_general_path(c
 
 def test_a_failed_post_is_raised_unrecorded_and_the_token_comes_back(comm):
     books = comm._books
+
+    def raise_it(call, error):  # as given, not the communicator's death it would be
+        raise error
+
     handle, books.handle = books.handle, _direct.handle(MPI.COMM_NULL)
+    mpi_error, books.mpi_error = books.mpi_error, raise_it
     try:
         with pytest.raises(MPI.Exception):
             _direct.all_reduce(books, np.ones(2), "sum", None)
     finally:
-        books.handle = handle
+        books.handle, books.mpi_error = handle, mpi_error
     assert comm.flight_record() == []
     assert books.token == [None]
     np.testing.assert_array_equal(comm.all_reduce(np.ones(2)), 1.0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import collectives as col
+from collectives import _books
 
 
 @pytest.fixture(scope="module")
@@ -129,15 +130,15 @@ def test_direct_calls_are_recorded_and_numbered(comm):
     assert seqs == list(range(seqs[0], seqs[0] + 3))
 
 
-def test_direct_path_is_off_inside_a_group_and_after_close():
+def test_direct_calls_are_held_inside_a_group_and_refused_after_close():
     c = col.init(backend="mpi")
-    with c.group():  # the call is held until the block ends, as the direct path cannot
+    with c.group():  # the call is held until the block ends
         x = np.ones(2)
         c.all_reduce(x)
         assert c.flight_record()[-1]["state"] == "started"
     assert c.flight_record()[-1]["state"] == "completed"
-    c.all_reduce(x)  # after the group the direct path again: its record is a list
-    assert type(c.recorder[-1]) is list
+    c.all_reduce(x)  # after the group the direct path again: its record is an Entry
+    assert type(c.recorder[-1]) is _books.Entry
     c.close()
     with pytest.raises(col.CommunicatorStateError, match="all_reduce: communicator is closed"):
         c.all_reduce(np.ones(2))

@@ -177,7 +177,8 @@ def test_a_call_unfinished_at_abort_keeps_its_arrays_and_its_communicator(comm):
         kept = [
             p
             for p in _mpi._ABANDONED
-            if any(isinstance(a, list) and a[0] is buffer for a in p.arrays or ())
+            # the arrays as MPI was given them: an [array, datatype] spec, or the array itself
+            if any(a is buffer or (isinstance(a, list) and a[0] is buffer) for a in p.arrays or ())
         ]
         assert kept, "an unfinished receive's buffer was let go at abort"
         assert comm._impl.unfinished and comm.mpi_comm != MPI.COMM_NULL  # not freed under it
