@@ -58,14 +58,18 @@ class BackendContext:
             it is a timeout or the backend's ``failure`` (the front end then declares it dead).
         mpi_error: ``mpi_error(call, error)`` raises an ``MPI.Exception`` as the front end's
             ``CollectivesError``, the communicator dead.
+        dump_flight_record: ``dump_flight_record()`` writes the flight record where the user
+            asked (``COLLECTIVES_FLIGHT_RECORDER``), before a backend ends the job.
 
     Example:
-        >>> context = BackendContext(comm, lambda: books.seq, comm._fatal, comm._mpi_error)
+        >>> context = BackendContext(comm, lambda: books.seq, comm._fatal, comm._mpi_error,
+        ...                          comm._dump_flight_record)
         >>> backend.attach(context)
         >>> context.wait(pending)            # pending.wait under the communicator's rules
     """
 
-    __slots__ = ("waiter", "seq", "fail", "mpi_error")
+    # __weakref__: the watchdog of blocking calls holds contexts weakly
+    __slots__ = ("waiter", "seq", "fail", "mpi_error", "dump_flight_record", "__weakref__")
 
     def __init__(
         self,
@@ -73,11 +77,13 @@ class BackendContext:
         seq: Callable[[], int],
         fail: Callable[[CollectivesError], None],
         mpi_error: Callable[[str, Any], NoReturn],
+        dump_flight_record: Callable[[], None],
     ):
         self.waiter = waiter
         self.seq = seq
         self.fail = fail
         self.mpi_error = mpi_error
+        self.dump_flight_record = dump_flight_record
 
     @property
     def timeout(self) -> float:

@@ -113,7 +113,11 @@ class Communicator(Lifecycle):
         # What stages device arrays through the host (the MPI backend), or None.
         self._stager: Stager | None = impl.stager
         self._check_arrays = impl.check_arrays if impl.checks_arrays else None
-        impl.attach(BackendContext(self, lambda: books.seq, self._fatal, self._mpi_error))
+        impl.attach(
+            BackendContext(
+                self, lambda: books.seq, self._fatal, self._mpi_error, self._dump_flight_record
+            )
+        )
         self._track = 0
         if _timeline.TIMELINE is not None:
             _COUNT[0] += 1

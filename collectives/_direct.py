@@ -19,7 +19,8 @@ form the chosen one takes.
 On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
 Open MPI and Intel MPI, whose non-blocking collectives are slower than their blocking ones)
 both make the blocking MPI calls instead. A blocking call cannot be interrupted, so a stuck
-one is ended by :data:`WATCHDOG`, which prints the timeout error and aborts the job.
+one is ended by :data:`._watchdog.WATCHDOG`, which prints the timeout error and aborts the
+job.
 
 Example:
     >>> comm = col.init(backend="mpi")
@@ -30,11 +31,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
-import threading
-import weakref
 from threading import get_ident
-from time import monotonic, sleep
+from time import monotonic
 from typing import Any
 
 import numpy as np
@@ -210,55 +208,6 @@ def _compiled() -> tuple[Any, str]:
 _FAST, HOW = _compiled()
 #: whether the compiled calls are in use
 COMPILED = _FAST is not None
-
-
-class _Watchdog:
-    """Ends the job when a blocking direct-path call outlasts its communicator's timeout.
-
-    It reads each watched communicator's newest flight-recorder entry (a list whose end
-    stays 0.0 until the call returns): no cost per call. The error that a caller would have
-    got is printed, the flight record dumped where asked, and the job aborted.
-    """
-
-    def __init__(self) -> None:
-        self.comms: weakref.WeakSet = weakref.WeakSet()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, comm: Any) -> None:
-        self.comms.add(comm)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="collectives-watchdog")
-            self._thread.daemon = True
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            sleep(0.05)
-            now = monotonic()
-            for comm in list(self.comms):
-                recorder = comm.recorder
-                entry = recorder[-1] if recorder else None
-                if type(entry) is list and entry[5] == 0.0 and now - entry[4] > comm.timeout:
-                    self._end(comm, entry, now - entry[4])
-
-    @staticmethod
-    def _end(comm: Any, entry: list, waited: float) -> None:
-        from ._abort import _let_the_launcher_read_stderr
-        from ._work import recorded, timeout_error
-
-        error = timeout_error(comm, recorded(entry), waited)
-        comm._dump_flight_record()
-        sys.stderr.write(
-            f"[rank {MPI.COMM_WORLD.Get_rank()}] CollectiveTimeoutError: {error}\n"
-            "A blocking MPI call cannot be interrupted (COLLECTIVES_MPI_BLOCKING=0 makes "
-            "it non-blocking): aborting the job.\n"
-        )
-        sys.stderr.flush()
-        _let_the_launcher_read_stderr()
-        MPI.COMM_WORLD.Abort(1)
-
-
-WATCHDOG = _Watchdog()
 
 
 def handle(obj: Any) -> Any:

@@ -36,6 +36,7 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
 )
 from ._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from ._ops import ReduceOp
+from ._watchdog import WATCHDOG
 from ._work import Pending
 
 _TAG = 7071
@@ -123,12 +124,12 @@ class MpiBackend:
 
     def direct_path(self, books: CallBooks) -> bool:
         """Set ``books`` up for the direct path on this communicator; a blocking one is
-        watched (:data:`._direct.WATCHDOG`), since nothing else can end it."""
+        watched (:data:`._watchdog.WATCHDOG`), since nothing else can end it."""
         assert self._context is not None  # attached by the front end first
         books.handle, books.blocking = _direct.handle(self.comm), self.blocking
         books.wait_long = self._wait_long
         if self.blocking:
-            _direct.WATCHDOG.watch(self._context.waiter)
+            WATCHDOG.watch(self._context)
         return True
 
     def _wait_long(self, request: MPI.Request, entry: list, args: tuple) -> None:
