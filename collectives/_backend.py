@@ -45,6 +45,8 @@ class Waiter(Protocol):
     def recorder(self) -> Any: ...
     def mpi_comm_world_ranks(self) -> list[int]: ...
     def progress_report(self) -> str: ...
+    def check_peers(self, call: str) -> None: ...
+    def post_waiting(self, pending: Pending) -> Any: ...
 
 
 class BackendContext:
@@ -68,6 +70,7 @@ class BackendContext:
         >>> context.wait(pending)            # pending.wait under the communicator's rules
     """
 
+    # __weakref__: the watchdog of blocking calls holds contexts weakly
     __slots__ = ("waiter", "seq", "fail", "mpi_error", "dump_flight_record", "__weakref__")
 
     def __init__(

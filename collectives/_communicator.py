@@ -126,7 +126,7 @@ class Communicator(Lifecycle):
         self._check_mode = bool(check)
         if self.size > 1 or check:  # see _guard: failure notices and scheduled checks
             books.checker = Guard(
-                self, self._check_mode, books, self._check_peers, self._fatal, self._progress
+                self, self._check_mode, books, self.check_peers, self._fatal, self._progress
             )
             books.quiet = self.timeout / 2
         # The books again where the direct path (_direct) applies (the backend has one: MPI;

@@ -128,8 +128,9 @@ class Lifecycle:
         other threads only under ``MPI_THREAD_MULTIPLE``."""
         return list(self._world_ranks)
 
-    def _post_waiting(self, pending: Pending) -> Any:
-        """Say on the progress board which call this rank waits in; the board, or None."""
+    def post_waiting(self, pending: Pending) -> Any:
+        """Say on the progress board which call this rank waits in (a wait that lasts calls
+        it); the board, or None."""
         board = self._progress
         if board is not None:
             board.waiting(f"{pending.call} ({pending.detail})")
@@ -175,9 +176,9 @@ class Lifecycle:
         except CollectiveTimeoutError as e:
             self._die(e)
 
-    def _check_peers(self, call: str) -> None:
+    def check_peers(self, call: str) -> None:
         """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
-        it failed (:mod:`._guard`)."""
+        it failed (:mod:`._guard`); a wait that lasts calls it."""
         guard = self._books.checker
         text = None if guard is None or self._unusable is not None else guard.failure()
         if text is not None:

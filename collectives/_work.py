@@ -70,11 +70,9 @@ class Pending:
         Whether it is past ``yield_after`` (the polls between may yield the core too)."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:
-            check_peers = getattr(comm, "_check_peers", None)
-            if check_peers is not None:  # another rank may have declared it failed
-                check_peers(self.call)
+            comm.check_peers(self.call)  # another rank may have declared it failed
             if not self.posted:  # a wait that lasts: say on the progress board what it is in
-                self.posted = comm._post_waiting(self)
+                self.posted = comm.post_waiting(self)
             if overdue(self.start, comm.timeout, self.start + waited) is not None:
                 raise timeout_error(comm, self, waited)
             if waited > 1.0:
