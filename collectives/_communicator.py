@@ -163,7 +163,7 @@ class Communicator(Lifecycle):
         how = _direct.HOW
         if self._books.blocking:
             how += (
-                ", synchronous all_reduce and broadcast as blocking MPI calls (a stuck one ends "
+                ", synchronous collectives as blocking MPI calls (a stuck one ends "
                 "the job after the timeout)"
             )
         return f"calls on NumPy arrays {how}; other calls through the MPI backend"
@@ -179,7 +179,7 @@ class Communicator(Lifecycle):
         """
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.all_reduce(fast, x, op, out, async_op)
+            result = fast.all_reduce(x, op, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -224,7 +224,7 @@ class Communicator(Lifecycle):
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.broadcast(fast, x, root, async_op)
+            result = fast.broadcast(x, root, async_op)
             if result is not NotImplemented:
                 return result
         given = x
@@ -543,7 +543,7 @@ class Communicator(Lifecycle):
         except MPI.Exception as e:
             self._mpi_error(call, e)
         finally:
-            books.token.append(None)
+            books.give()
 
     def _wait(self, pending: Pending) -> None:
         try:

@@ -1,23 +1,25 @@
 """The direct path: every verb on NumPy arrays on the MPI backend, synchronous or not, from
 the argument checks to the completed call (or its ``Work``), for the calls that need least.
 
-What :meth:`Communicator._run` does, in less: the same books, kept by the same methods
-(:meth:`CallBooks.begin <._books.CallBooks.begin>`: the thread token, numbering, check mode,
-progress board, a flight-recorder :class:`~._books.Entry`), then two stateless primitives:
-``post`` makes the MPI call of one kind (:data:`KINDS`) and gives its request, and ``poll``
-tests that request, the GIL released, for up to ``yield_after``. A call that lasts longer is
-handed to the books' ``wait_long``, which waits on it as a ``Pending`` under the timeout; a
-call made with ``async_op=True``, or inside ``comm.group()``, is handed to the books'
-``later``, which gives its ``Work`` or holds it until the block ends.
+Each verb here checks its arguments and hands the call, as one MPI call of a kind
+(:data:`KINDS`) on buffers and handles, to ``CallBooks.run`` (``_callbooks.c``), which does
+in C what :meth:`Communicator._run` does, with the same books: the thread token, numbering,
+check mode, progress board, a flight-recorder :class:`~._books.Entry`; then two stateless
+primitives: ``post`` makes the MPI call and gives its request, and ``poll`` tests that
+request, the GIL released, for up to ``yield_after``. A call that lasts longer is handed to
+the books' ``wait_long``, which waits on it as a ``Pending`` under the timeout; a call made
+with ``async_op=True``, or inside ``comm.group()``, is handed to the books' ``later``, which
+gives its ``Work`` or holds it until the block ends. ``all_reduce`` and ``broadcast``, the
+busiest, have their checks in C as well (``CallBooks.all_reduce``, ``CallBooks.broadcast``).
 Anything unusual (another type, dtype, op or layout, overlapping arrays, a bad root or peer,
 a count above what one MPI call takes, another thread holding the communicator) returns
 ``NotImplemented`` before any bookkeeping, and the general path runs the call or names the
 error. This is the per-call cost that small messages see.
 
 The primitives have two implementations with one interface: ``collectives/_fastmpi.c`` where
-it built for the MPI library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``), and
-:func:`_py_post` / :func:`_py_poll` on mpi4py otherwise (or with
-``COLLECTIVES_PURE_PYTHON=1``). :func:`handle` gives MPI objects in the form the chosen one
+it built for the MPI library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``; C functions
+that the books call directly), and :func:`_py_post` / :func:`_py_poll` on mpi4py otherwise (or
+with ``COLLECTIVES_PURE_PYTHON=1``; the books call them). :func:`handle` gives MPI objects in the form the chosen one
 takes, :func:`request` turns what ``post`` gave into an mpi4py request.
 
 On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
@@ -28,7 +30,7 @@ timeout error and aborts the job.
 
 Example:
     >>> comm = col.init(backend="mpi")
-    >>> _direct.all_reduce(comm._fast, np.ones(4), "sum", None)  # the array, reduced
+    >>> _direct.gather(comm._fast, np.ones(4), 0, None)  # the gathered array on rank 0
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ from __future__ import annotations
 import ctypes
 import os
 from os import sched_yield
-from threading import get_ident
 from time import monotonic
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from . import _callbooks
 from ._arrays import is_slot, may_share_memory
 from ._books import CallBooks
 from ._mpi_base import _TAG, FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
@@ -107,29 +109,34 @@ def _spec(array: Any, t: Any, none: Any) -> Any:
 def _py_post(
     kind: int, blocking: bool, comm: Any, s: Any, r: Any, count: int, t: Any, op: Any, root: int
 ) -> Any:
-    """``_fastmpi.post`` on mpi4py: the request, or None once a blocking call returned."""
+    """The primitive ``post`` (``_primitives.h``) on mpi4py: the request, or None once a
+    blocking call returned."""
+    b = blocking and kind != SEND and kind != RECV  # point-to-point is never blocking
     if kind == ALL_REDUCE:
-        post = comm.Allreduce if blocking else comm.Iallreduce
-        return post(_spec(s, t, _IN_PLACE), [r, t], op)
+        return (comm.Allreduce if b else comm.Iallreduce)(_spec(s, t, _IN_PLACE), [r, t], op)
     if kind == BROADCAST:
-        return (comm.Bcast if blocking else comm.Ibcast)([r, t], root)
+        return (comm.Bcast if b else comm.Ibcast)([r, t], root)
     if kind == REDUCE:
-        return comm.Ireduce(_spec(s, t, _IN_PLACE), _spec(r, t, None), op, root)
+        post = comm.Reduce if b else comm.Ireduce
+        return post(_spec(s, t, _IN_PLACE), _spec(r, t, None), op, root)
     if kind == ALL_GATHER:
-        return comm.Iallgather(_spec(s, t, _IN_PLACE), [r, t])
+        return (comm.Allgather if b else comm.Iallgather)(_spec(s, t, _IN_PLACE), [r, t])
     if kind == REDUCE_SCATTER:
-        return comm.Ireduce_scatter_block([s, t], [r, t], op)
+        post = comm.Reduce_scatter_block if b else comm.Ireduce_scatter_block
+        return post([s, t], [r, t], op)
     if kind == ALL_TO_ALL:
-        return comm.Ialltoall(_spec(s, t, _IN_PLACE), [r, t])
+        return (comm.Alltoall if b else comm.Ialltoall)(_spec(s, t, _IN_PLACE), [r, t])
     if kind == GATHER:
-        return comm.Igather(_spec(s, t, _IN_PLACE), _spec(r, t, None), root)
+        post = comm.Gather if b else comm.Igather
+        return post(_spec(s, t, _IN_PLACE), _spec(r, t, None), root)
     if kind == SCATTER:
-        return comm.Iscatter(_spec(s, t, None), _spec(r, t, _IN_PLACE), root)
+        post = comm.Scatter if b else comm.Iscatter
+        return post(_spec(s, t, None), _spec(r, t, _IN_PLACE), root)
     if kind == SEND:
         return comm.Isend([s, t], root, _TAG)
     if kind == RECV:
         return comm.Irecv([r, t], root, _TAG)
-    return comm.Ibarrier()
+    return comm.Barrier() if b else comm.Ibarrier()
 
 
 #: seconds of yielding polls before ``poll`` hands a call back to the caller's wait
@@ -137,7 +144,7 @@ HAND_BACK = 0.01
 
 
 def _py_poll(request: Any, yield_after: float) -> bool:
-    """``_fastmpi.poll`` on mpi4py: True once complete, False after ``yield_after`` s of
+    """The primitive ``poll`` on mpi4py: True once complete, False after ``yield_after`` s of
     busy polls and :data:`HAND_BACK` s more of polls that each yield the core."""
     test = request.Test
     start = monotonic()
@@ -185,36 +192,15 @@ def _apart(a: Any, b: Any) -> bool:
 
 
 def all_reduce(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool = False) -> Any:
-    """``Communicator.all_reduce`` of a NumPy array, or NotImplemented."""
-    if type(x) is not np.ndarray or type(op) not in _OP_TYPES:
-        return NotImplemented
-    types, ops = FAST_TYPE.get(x.dtype), FAST_OP.get(op)
-    flags = x.flags
-    if types is None or ops is None or not flags.c_contiguous or x.size > _LARGE:
-        return NotImplemented  # (a count above what one call takes: the general path's parts)
-    if out is None or out is x:
-        if not flags.writeable:
-            return NotImplemented
-        send, result = None, x
-    elif distinct_twin(out, x):
-        send, result = x, out
-    else:
-        return NotImplemented
-    name, t = types
-    return _run(
-        books, ALL_REDUCE, x, name, ops[0], None, result, send, result, x.size, t, ops[1], async_op
-    )
+    """``Communicator.all_reduce`` of a NumPy array, or NotImplemented (checked in C:
+    ``CallBooks.all_reduce``)."""
+    return books.all_reduce(x, op, out, async_op)
 
 
 def broadcast(books: CallBooks, x: Any, root: Any, async_op: bool = False) -> Any:
-    """``Communicator.broadcast`` of a NumPy array, or NotImplemented."""
-    if type(root) is not int or not 0 <= root < books.size:
-        return NotImplemented
-    types = _array(x, root != books.rank)  # the root only reads x
-    if types is None:
-        return NotImplemented
-    name, t = types
-    return _run(books, BROADCAST, x, name, None, root, x, None, x, x.size, t, _NO_OP, async_op)
+    """``Communicator.broadcast`` of a NumPy array, or NotImplemented (checked in C:
+    ``CallBooks.broadcast``)."""
+    return books.broadcast(x, root, async_op)
 
 
 def reduce(books: CallBooks, x: Any, root: Any, op: Any, out: Any, async_op: bool = False) -> Any:
@@ -237,10 +223,10 @@ def reduce(books: CallBooks, x: Any, root: Any, op: Any, out: Any, async_op: boo
     else:
         return NotImplemented
     name, t = types
-    return _run(
-        books, REDUCE, x, name, ops[0], root, x if not mine else result, send, result,
-        x.size, t, ops[1], async_op,
-    )  # fmt: skip
+    given = x if not mine else result  # what the call returns: x on the other ranks
+    return books.run(
+        REDUCE, x, name, ops[0], root, given, send, result, x.size, t, ops[1], async_op
+    )
 
 
 def all_gather(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> Any:
@@ -259,7 +245,7 @@ def all_gather(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> An
     elif not _apart(x, out):
         return NotImplemented
     name, t = types
-    return _run(books, ALL_GATHER, x, name, None, None, out, send, out, x.size, t, _NO_OP, async_op)
+    return books.run(ALL_GATHER, x, name, None, None, out, send, out, x.size, t, _NO_OP, async_op)
 
 
 def reduce_scatter(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool = False) -> Any:
@@ -276,8 +262,8 @@ def reduce_scatter(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool =
     elif not _made(out, x, shape) or not _apart(x, out):
         return NotImplemented  # the in-place form (out is x[rank]) goes through a copy there
     name, t = types
-    return _run(
-        books, REDUCE_SCATTER, x, name, ops[0], None, out, x, out, out.size, t, ops[1], async_op
+    return books.run(
+        REDUCE_SCATTER, x, name, ops[0], None, out, x, out, out.size, t, ops[1], async_op
     )
 
 
@@ -296,7 +282,7 @@ def all_to_all(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> An
         return NotImplemented
     name, t = types
     count = x.size // size
-    return _run(books, ALL_TO_ALL, x, name, None, None, out, send, out, count, t, _NO_OP, async_op)
+    return books.run(ALL_TO_ALL, x, name, None, None, out, send, out, count, t, _NO_OP, async_op)
 
 
 def gather(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False) -> Any:
@@ -318,7 +304,7 @@ def gather(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False
     elif not _apart(x, out):
         return NotImplemented
     name, t = types
-    return _run(books, GATHER, x, name, None, root, out, send, out, x.size, t, _NO_OP, async_op)
+    return books.run(GATHER, x, name, None, root, out, send, out, x.size, t, _NO_OP, async_op)
 
 
 def scatter(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False) -> Any:
@@ -348,11 +334,10 @@ def scatter(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = Fals
     elif x is not None and not _apart(x, out):
         return NotImplemented
     name, t = types
-    return _run(
-        books, SCATTER, x if mine else out, name, None, root, out, x if mine else None, recv,
-        out.size, t,
-        _NO_OP, async_op,
-    )  # fmt: skip
+    array, send = (x, x) if mine else (out, None)
+    return books.run(
+        SCATTER, array, name, None, root, out, send, recv, out.size, t, _NO_OP, async_op
+    )
 
 
 def send(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
@@ -363,7 +348,7 @@ def send(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
     if types is None:
         return NotImplemented
     name, t = types
-    return _run(books, SEND, x, name, None, peer, None, x, None, x.size, t, _NO_OP, async_op)
+    return books.run(SEND, x, name, None, peer, None, x, None, x.size, t, _NO_OP, async_op)
 
 
 def recv(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
@@ -374,75 +359,19 @@ def recv(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
     if types is None:
         return NotImplemented
     name, t = types
-    return _run(books, RECV, x, name, None, peer, x, None, x, x.size, t, _NO_OP, async_op)
+    return books.run(RECV, x, name, None, peer, x, None, x, x.size, t, _NO_OP, async_op)
 
 
 def barrier(books: CallBooks, async_op: bool = False) -> Any:
     """``Communicator.barrier``, or NotImplemented."""
-    return _run(
-        books, BARRIER, None, None, None, None, None, None, None, 0, _NO_TYPE, _NO_OP, async_op
+    return books.run(
+        BARRIER, None, None, None, None, None, None, None, 0, _NO_TYPE, _NO_OP, async_op
     )
 
 
-def _run(
-    books: CallBooks,
-    kind: int,
-    array: Any,
-    name: str | None,
-    op: ReduceOp | None,
-    root: int | None,
-    result: Any,
-    send: Any,
-    recv: Any,
-    count: int,
-    t: Any,
-    mpi_op: Any,
-    async_op: bool,
-) -> Any:
-    """Steps 1 to 5 of :mod:`._books` for one call: the books' methods, then the primitives
-    ``post`` and ``poll`` (see the module docstring)."""
-    if get_ident() != books.owner:
-        return NotImplemented  # not the owner thread's call: the general path refuses it
-    token = books.token
-    try:
-        token.pop()
-    except IndexError:
-        return NotImplemented  # another thread's call: the general path says so
-    try:
-        try:
-            entry = books.begin(KINDS[kind], array, name, op, root)
-            later = async_op or books.grouped
-            blocking = books.blocking and kind <= BROADCAST and not later
-            # A blocking call cannot post anything once begun: the board says beforehand that
-            # this rank is inside it, and 0 once it returns (``_progress.BLOCKING_CALLS``).
-            inside = books.inside if blocking else None
-            if inside is not None:
-                inside[books.slot] = (entry.seq - books.p2p) * 4 + kind + 1
-            try:
-                request = post(
-                    kind, blocking, books.handle, send, recv, count, t, mpi_op, root or 0
-                )
-            except BaseException:
-                books.recorder.pop()  # posting failed: nothing is in flight to record
-                raise
-            finally:
-                if inside is not None:
-                    inside[books.slot] = 0
-            if later:
-                return books.later(request, entry, (send, recv), result, async_op)
-            if request is not None and not poll(request, books.yield_after):
-                books.wait_long(request, entry, (send, recv))
-            entry.end = monotonic()
-        finally:
-            token.append(None)
-    except MPI.Exception as e:  # the token is back: the communicator dies of it
-        books.mpi_error(KINDS[kind], e)
-    return result
-
-
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
-#: then the blocking all-reduce and broadcast, then MPI_Test; Open MPI 5 has no large-count
-#: (``_c``) calls
+#: then the blocking call of each kind, then MPI_Test; Open MPI 5 has no large-count (``_c``)
+#: calls
 _MPICH_CALLS = (
     "MPI_Iallreduce_c",
     "MPI_Ibcast_c",
@@ -457,6 +386,15 @@ _MPICH_CALLS = (
     "MPI_Ibarrier",
     "MPI_Allreduce_c",
     "MPI_Bcast_c",
+    "MPI_Reduce_c",
+    "MPI_Allgather_c",
+    "MPI_Reduce_scatter_block_c",
+    "MPI_Alltoall_c",
+    "MPI_Gather_c",
+    "MPI_Scatter_c",
+    "MPI_Send_c",
+    "MPI_Recv_c",
+    "MPI_Barrier",
     "MPI_Test",
 )
 _CALLS = {
@@ -522,7 +460,7 @@ _NO_TYPE = handle(MPI.DATATYPE_NULL)
 
 def set_up(module: Any, addresses: list[int]) -> None:
     """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them)."""
-    module.setup(list(addresses), int(_IN_PLACE), _TAG, MPI.Exception)
+    module.setup(list(addresses), int(_IN_PLACE), _TAG)
 
 
 def _c_request(given: Any) -> MPI.Request:
@@ -537,6 +475,16 @@ def _py_request(given: Any) -> MPI.Request:
 
 if _FAST is not None:
     set_up(*_FAST)
-    post, poll, request = _FAST[0].post, _FAST[0].poll, _c_request
+    request = _c_request
 else:
-    post, poll, request = _py_post, _py_poll, _py_request
+    request = _py_request
+_callbooks.use_primitives(
+    None if _FAST is None else _FAST[0].primitives,
+    _py_post,
+    _py_poll,
+    KINDS,
+    np.ndarray,
+    FAST_TYPE,
+    FAST_OP,
+    ReduceOp,
+)

@@ -71,7 +71,7 @@ class Lifecycle:
                 f"hand_over: thread must be a threading.Thread, got {type(thread).__name__}"
             )
         self._own("hand_over")
-        if not self._books.token:
+        if self._books.busy:
             raise CommunicatorStateError(f"hand_over: {IN_USE}")
         self._owner_thread, self._owner = thread, thread.ident
         self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
@@ -232,6 +232,7 @@ class Lifecycle:
 
     def _free_mpi(self) -> None:
         if self._progress is not None:
+            self._books.forget_board()  # the books hold its words
             self._progress.close()
             self._progress = None
         # A communicator with calls still in flight is left to MPI_Finalize: freeing it under

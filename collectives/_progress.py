@@ -19,8 +19,19 @@ from typing import Any
 from mpi4py import MPI
 
 _WORDS = 4  # per rank: its collective number, check mode's two slots, its blocking call
-#: the calls a rank posts it is inside, by code (``inside`` words: ``nth * 4 + code``)
-BLOCKING_CALLS = {1: "all_reduce", 2: "broadcast"}
+#: the calls a rank posts it is inside, by code (``inside`` words: ``nth * 16 + code``); the
+#: code is the direct path's kind + 1 (``_direct.KINDS``; its point-to-point calls never block)
+BLOCKING_CALLS = {
+    1: "all_reduce",
+    2: "broadcast",
+    3: "reduce",
+    4: "all_gather",
+    5: "reduce_scatter",
+    6: "all_to_all",
+    7: "gather",
+    8: "scatter",
+    11: "barrier",
+}
 _TEXT = 120  # per rank: the call it waits in, "all_reduce (shape (3,), float64)", UTF-8
 _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
 
@@ -31,7 +42,7 @@ class ProgressBoard:
 
     ``check_slots`` (two per local rank) are check mode's: see ``_check``. ``waiting()``
     and ``done_waiting()`` post the call this rank is blocked in, which ``report()`` shows.
-    ``inside[local_rank]`` is ``nth * 4 + code`` while this rank is inside a blocking MPI
+    ``inside[local_rank]`` is ``nth * 16 + code`` while this rank is inside a blocking MPI
     call (:data:`BLOCKING_CALLS`) for collective ``nth``, else 0: the direct path writes it
     around the call, as a blocking call cannot post anything once it has begun.
     """
@@ -93,9 +104,9 @@ class ProgressBoard:
     def _inside(self, index: int) -> str | None:
         """The blocking call local rank ``index`` is inside, if it is its current collective."""
         word = self.inside[index]
-        if word == 0 or word >> 2 != self.slots[index]:
+        if word == 0 or word >> 4 != self.slots[index]:
             return None
-        return BLOCKING_CALLS.get(word & 3)
+        return BLOCKING_CALLS.get(word & 15)
 
     def report(self) -> str:
         slots = self.slots

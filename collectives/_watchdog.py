@@ -23,14 +23,15 @@ from mpi4py import MPI
 
 from ._books import Entry
 from ._deadline import overdue
+from ._progress import BLOCKING_CALLS
 from ._stderr import let_the_launcher_read_stderr
 from ._work import recorded
 
 if TYPE_CHECKING:
     from ._backend import BackendContext
 
-#: the calls that may be blocking MPI calls (``_progress.BLOCKING_CALLS``)
-BLOCKING = frozenset({"all_reduce", "broadcast"})
+#: the calls that may be blocking MPI calls
+BLOCKING = frozenset(BLOCKING_CALLS.values())
 
 
 class _Watchdog:

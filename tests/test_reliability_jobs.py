@@ -104,11 +104,11 @@ comm.all_reduce(np.ones(3))
     assert "aborting the job" in output
 
 
-@pytest.mark.parametrize("call", ["all_reduce", "broadcast"])
+@pytest.mark.parametrize("call", ["all_reduce", "broadcast", "all_gather"])
 def test_a_timeout_names_the_ranks_inside_a_blocking_call(tmp_path, call):
     # Ranks 0 and 1 are inside the blocking call #2, rank 2 (the root) never makes it: the
     # watchdog's message says which ranks are inside it, from what they posted beforehand.
-    args = "np.ones(3)" if call == "all_reduce" else "np.ones(3), root=2"
+    args = "np.ones(3), root=2" if call == "broadcast" else "np.ones(3)"
     script = f"""
 import time, numpy as np, collectives as col
 from mpi4py import MPI

@@ -1,5 +1,5 @@
-"""Synchronous all_reduce and broadcast as blocking MPI calls (``init(mpi_blocking=True)``,
-the default with Open MPI and Intel MPI), against NumPy references; each form either way."""
+"""Synchronous collectives as blocking MPI calls (``init(mpi_blocking=True)``, the default
+with Open MPI and Intel MPI), against NumPy references; each form either way."""
 
 from __future__ import annotations
 
@@ -53,3 +53,26 @@ def test_many_calls_in_a_row_keep_step(comm):
         comm.all_reduce(x)
         assert x[0] == comm.size * i + sum(range(comm.size))
     assert [c["state"] for c in comm.flight_record()] == ["completed"] * 64
+
+
+def test_every_other_collective(comm):
+    size, rank = comm.size, comm.rank
+    root = size - 1
+    mine = np.arange(6.0).reshape(2, 3) + rank
+    every = np.stack([np.arange(6.0).reshape(2, 3) + r for r in range(size)])
+    x = mine.copy()
+    assert comm.reduce(x, root, "max") is x
+    np.testing.assert_array_equal(x, every.max(axis=0) if rank == root else mine)
+    np.testing.assert_array_equal(comm.all_gather(mine), every)
+    parts = np.stack([mine + r for r in range(size)])  # part r for rank r
+    out = np.empty_like(mine)
+    assert comm.reduce_scatter(parts, out=out) is out
+    np.testing.assert_array_equal(out, every.sum(axis=0) + size * rank)
+    np.testing.assert_array_equal(comm.all_to_all(parts), np.stack([e + rank for e in every]))
+    gathered = comm.gather(mine, root)
+    if rank == root:
+        np.testing.assert_array_equal(gathered, every)
+    got = comm.scatter(every if rank == root else None, root, out=np.empty_like(mine))
+    np.testing.assert_array_equal(got, every[rank])
+    comm.barrier()
+    assert [c["state"] for c in comm.flight_record()][-7:] == ["completed"] * 7

@@ -1,0 +1,83 @@
+# The types of the C module _callbooks.c (the books every call keeps; _books.py documents them).
+from collections import deque
+from typing import Any, Callable
+
+class Entry:
+    seq: int
+    call: str
+    shape: tuple | None
+    dtype: str | None
+    start: float
+    end: float
+    def __init__(self, seq: int, call: str, shape: tuple | None, dtype: str | None) -> None: ...
+
+class CallBooks:
+    busy: bool
+    seq: int
+    p2p: int
+    slot: int
+    rank: int
+    size: int
+    next_check: int
+    last_call: float
+    quiet: float
+    yield_after: float
+    owner: int
+    grouped: bool
+    blocking: bool
+    checker: Any
+    recorder: deque
+    wait_long: Callable[[Any, Entry, tuple], None]
+    pending: Any
+    mpi_error: Any
+    later: Any
+    handle: Any
+    slots: Any
+    inside: Any
+    def __init__(
+        self,
+        slots: Any,
+        slot: int,
+        recorder_length: int,
+        yield_after: float,
+        wait_long: Callable[[Any, Entry, tuple], None],
+        rank: int,
+        size: int,
+        inside: Any = None,
+    ) -> None: ...
+    def take(self, call: str) -> None: ...
+    def give(self) -> None: ...
+    def forget_board(self) -> None: ...
+    def number(self, call: str, array: Any, name: Any, op: Any, root: Any) -> int: ...
+    def begin(self, call: str, array: Any, name: Any, op: Any, root: Any) -> Entry: ...
+    def run(
+        self,
+        kind: int,
+        array: Any,
+        name: str | None,
+        op: Any,
+        root: int | None,
+        result: Any,
+        send: Any,
+        recv: Any,
+        count: int,
+        datatype: Any,
+        mpi_op: Any,
+        async_op: bool,
+    ) -> Any: ...
+    def all_reduce(self, x: Any, op: Any, out: Any, async_op: bool) -> Any: ...
+    def broadcast(self, x: Any, root: Any, async_op: bool) -> Any: ...
+
+def configure(
+    point_to_point: frozenset, in_use_error: type, in_use_text: str, mpi_exception: type
+) -> None: ...
+def use_primitives(
+    capsule: Any,
+    py_post: Callable[..., Any],
+    py_poll: Callable[..., bool],
+    kinds: tuple,
+    ndarray: type,
+    fast_type: dict,
+    fast_op: dict,
+    reduce_op: type,
+) -> None: ...

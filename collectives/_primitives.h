@@ -1,0 +1,31 @@
+/* What the direct path's MPI primitives (_fastmpi.c, built once per MPI ABI) hand the books
+ * (_callbooks.c): two C functions behind a capsule, so that a call goes from the books to
+ * MPI without Python in between. The kinds are in the order of _direct.KINDS. */
+#ifndef COLLECTIVES_PRIMITIVES_H
+#define COLLECTIVES_PRIMITIVES_H
+
+enum { ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER,
+       SEND, RECV, BARRIER, KINDS };
+
+/* the name of the capsule that _fastmpi's `primitives` is */
+#define PRIMITIVES_CAPSULE "collectives._fastmpi.primitives"
+
+typedef struct {
+    /* Posts the MPI call `kind` on `send` and `recv` (NULL where the caller gave None: then
+     * MPI_IN_PLACE where the call has an in-place form), `count` elements (per rank for the
+     * calls that split by rank); `comm`, `datatype` and `op` are handles as mpi4py gives
+     * them, `root` the root or the peer. A blocking call (all_reduce and broadcast only)
+     * returns once done and leaves *request 0. The MPI error code, or 0. Touches no Python
+     * object: the caller may release the GIL around it. */
+    int (*post)(int kind, int blocking, unsigned long long comm, const void *send, void *recv,
+                long long count, unsigned long long datatype, unsigned long long op, int root,
+                unsigned long long *request);
+    /* MPI_Test on *request until it completes (*done 1) or HAND_BACK seconds past
+     * `yield_after` have passed (*done 0): busy for `yield_after`, then yielding the core
+     * after each test. The MPI error code, or 0. Touches no Python object. */
+    int (*poll)(unsigned long long *request, double yield_after, int *done);
+    /* the largest count one call of this ABI takes */
+    long long count_max;
+} Primitives;
+
+#endif
