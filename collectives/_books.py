@@ -82,7 +82,7 @@ _callbooks.configure(POINT_TO_POINT, CommunicatorStateError, IN_USE, MPI.Excepti
 #         ``Communicator.group()``, held until the block ends).
 #     handle, rank, size, blocking: the direct path's MPI communicator (in the form
 #         ``_direct.handle`` gives), this rank and the size, and whether its synchronous
-#         ``all_reduce`` and ``broadcast`` are blocking MPI calls.
+#         collectives are blocking MPI calls.
 #     owner: ``threading.get_ident()`` of the thread that owns the communicator (0: none
 #         known yet); the direct path leaves any other thread's call to the general path,
 #         which refuses it.

@@ -12,53 +12,32 @@
  * `yield_after` goes to the books' `wait_long`, one that completes later (async_op, or inside
  * comm.group()) to `later`, both Python, both under the timeout (_deadline.py).
  *
- * all_reduce() and broadcast() are the direct path's two busiest verbs with their argument
- * checks in C too (the others check theirs in _direct.py and call run()).
- *
- * This module is ABI-independent and always built; the primitives it calls are handed in by
+ * Each verb of the direct path checks its arguments in C too (CallBooks.all_reduce, ...,
+ * _callbooks_verbs.c) and calls run() (_callbooks_run.c); this file has the types and the
+ * module. It is ABI-independent and always built; the primitives it calls are handed in by
  * use_primitives() once, at import of _direct.py.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <pythread.h>
-#include <string.h>
-#include <time.h>
+#include "_callbooks.h"
 
-#include "_primitives.h"
-
-static const Primitives *primitives; /* NULL: the mpi4py primitives below */
-static PyObject *py_post, *py_poll;  /* _direct._py_post and _py_poll */
-static PyObject *mpi_exception;      /* mpi4py's MPI.Exception: made from an error code */
-static PyObject *point_to_point;     /* _check.POINT_TO_POINT: calls not numbered as collectives */
-static PyObject *in_use_error;       /* CommunicatorStateError, and the words it says */
-static PyObject *in_use_text;
-static PyObject *ndarray;            /* numpy.ndarray */
-static PyObject *fast_type;          /* _direct.FAST_TYPE: dtype -> (name, datatype handle) */
-static PyObject *fast_op;            /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
-static PyObject *reduce_op;          /* the ReduceOp class */
-static PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
-static PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+const Primitives *primitives; /* NULL: the mpi4py primitives below */
+PyObject *py_post, *py_poll;  /* _direct._py_post and _py_poll */
+PyObject *mpi_exception;      /* mpi4py's MPI.Exception: made from an error code */
+PyObject *point_to_point;     /* _check.POINT_TO_POINT: calls not numbered as collectives */
+PyObject *in_use_error;       /* CommunicatorStateError, and the words it says */
+PyObject *in_use_text;
+PyObject *ndarray;            /* numpy.ndarray */
+PyObject *fast_type;          /* _direct.FAST_TYPE: dtype -> (name, datatype handle) */
+PyObject *fast_op;            /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
+PyObject *reduce_op;          /* the ReduceOp class */
+PyObject *empty;              /* numpy.empty */
+PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
+PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 /* ------------------------------------------------------------------------------- Entry */
 
-typedef struct {
-    PyObject_HEAD
-    long long seq;
-    PyObject *call, *shape, *dtype;
-    double start, end;
-} Entry;
-
 static PyTypeObject EntryType;
 
-static PyObject *new_entry(long long seq, PyObject *call, PyObject *shape, PyObject *dtype)
+PyObject *new_entry(long long seq, PyObject *call, PyObject *shape, PyObject *dtype)
 {
     Entry *e = PyObject_New(Entry, &EntryType);
     if (e == NULL)
@@ -123,20 +102,6 @@ static PyTypeObject EntryType = {
 
 /* ---------------------------------------------------------------------------- CallBooks */
 
-typedef struct {
-    PyObject_HEAD
-    char busy;                /* a call holds the communicator (the thread token) */
-    char grouped, blocking;
-    long long seq, p2p, next_check;
-    Py_ssize_t slot;
-    int rank, size;
-    double yield_after, last_call, quiet;
-    unsigned long owner;
-    PyObject *slots, *inside; /* the progress board's words (int64), or None */
-    long long *slot_word, *inside_word;
-    Py_buffer slots_view, inside_view;
-    PyObject *checker, *recorder, *wait_long, *pending, *mpi_error, *later, *handle;
-} CallBooks;
 
 static PyTypeObject CallBooksType;
 
@@ -259,87 +224,6 @@ static void CallBooks_dealloc(CallBooks *b)
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
 
-/* ------------------------------------------------------------------ numbering, entries */
-
-/* CallBooks.number: the call's seq, or -1 with an error set. */
-static long long number(CallBooks *b, PyObject *call, int p2p, PyObject *array, PyObject *name,
-                        PyObject *op, PyObject *root)
-{
-    long long seq = ++b->seq;
-    if (p2p) {
-        b->p2p++;
-        return seq;
-    }
-    long long nth = seq - b->p2p;
-    if (b->slot_word != NULL)
-        *b->slot_word = nth;
-    if (b->checker != Py_None) {
-        double t = now(), last = b->last_call;
-        b->last_call = t;
-        if (nth >= b->next_check || t - last > b->quiet) {
-            PyObject *n = PyLong_FromLongLong(nth);
-            PyObject *r = n == NULL ? NULL
-                                    : PyObject_CallMethodObjArgs(b->checker, s_verify, n, call,
-                                                                 array, name, op, root, NULL);
-            Py_XDECREF(n);
-            if (r == NULL)
-                return -1;
-            Py_DECREF(r);
-        }
-    }
-    return seq;
-}
-
-/* CallBooks.begin: number() and an Entry appended to the recorder (new reference). */
-static PyObject *begin(CallBooks *b, PyObject *call, int p2p, PyObject *array, PyObject *name,
-                       PyObject *op, PyObject *root)
-{
-    long long seq = number(b, call, p2p, array, name, op, root);
-    if (seq < 0)
-        return NULL;
-    PyObject *shape = array == Py_None ? (Py_INCREF(Py_None), Py_None)
-                                       : PyObject_GetAttr(array, s_shape);
-    if (shape == NULL)
-        return NULL;
-    PyObject *entry = new_entry(seq, call, shape, name);
-    Py_DECREF(shape);
-    if (entry == NULL)
-        return NULL;
-    PyObject *r = PyObject_CallMethodOneArg(b->recorder, s_append, entry);
-    if (r == NULL) {
-        Py_DECREF(entry);
-        return NULL;
-    }
-    Py_DECREF(r);
-    return entry;
-}
-
-static int is_p2p(PyObject *call)
-{
-    return point_to_point == NULL ? 0 : PySet_Contains(point_to_point, call);
-}
-
-static PyObject *CallBooks_take(CallBooks *b, PyObject *call)
-{
-    if (b->busy) {
-        PyObject *text = PyUnicode_FromFormat("%S: %S", call, in_use_text);
-        if (text != NULL) {
-            PyErr_SetObject(in_use_error, text);
-            Py_DECREF(text);
-        }
-        return NULL;
-    }
-    b->busy = 1;
-    Py_RETURN_NONE;
-}
-
-static PyObject *CallBooks_give(CallBooks *b, PyObject *unused)
-{
-    (void)unused;
-    b->busy = 0;
-    Py_RETURN_NONE;
-}
-
 static PyObject *CallBooks_forget_board(CallBooks *b, PyObject *unused)
 {
     (void)unused;
@@ -347,400 +231,6 @@ static PyObject *CallBooks_forget_board(CallBooks *b, PyObject *unused)
         hold_word(Py_None, 0, &b->inside_view, &b->inside_word, &b->inside) < 0)
         return NULL;
     Py_RETURN_NONE;
-}
-
-static PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "number(call, array, name, op, root)");
-        return NULL;
-    }
-    int p2p = is_p2p(args[0]);
-    long long seq = p2p < 0 ? -1 : number(b, args[0], p2p, args[1], args[2], args[3], args[4]);
-    return seq < 0 ? NULL : PyLong_FromLongLong(seq);
-}
-
-static PyObject *CallBooks_begin(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "begin(call, array, name, op, root)");
-        return NULL;
-    }
-    int p2p = is_p2p(args[0]);
-    return p2p < 0 ? NULL : begin(b, args[0], p2p, args[1], args[2], args[3], args[4]);
-}
-
-/* ------------------------------------------------------------------------ one call, run */
-
-/* One checked direct-path call (the arguments of run()). */
-typedef struct {
-    int kind;
-    PyObject *array, *name, *op, *root; /* for the books: what check mode compares */
-    PyObject *result, *send, *recv;     /* send, recv: arrays, or None */
-    long long count;
-    PyObject *datatype, *mpi_op; /* handles (C primitives) or mpi4py objects */
-    int root_rank, async_op;
-} Call;
-
-/* A handle as mpi4py gives it (None: a call that takes none, e.g. a broadcast's op). */
-static unsigned long long handle_of(PyObject *value, int *failed)
-{
-    *failed = 0;
-    if (value == Py_None)
-        return 0;
-    unsigned long long v = PyLong_AsUnsignedLongLongMask(value);
-    *failed = v == (unsigned long long)-1 && PyErr_Occurred();
-    return v;
-}
-
-/* The request as Python sees it: the handle (C primitives), or mpi4py's request. */
-static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long long *request)
-{
-    if (primitives == NULL) {
-        PyObject *args[9] = {NULL};
-        PyObject *r = NULL;
-        args[0] = PyLong_FromLong(c->kind);
-        args[5] = PyLong_FromLongLong(c->count);
-        args[8] = PyLong_FromLong(c->root_rank);
-        if (args[0] && args[5] && args[8]) {
-            args[1] = blocking ? Py_True : Py_False;
-            args[2] = b->handle;
-            args[3] = c->send;
-            args[4] = c->recv;
-            args[6] = c->datatype;
-            args[7] = c->mpi_op;
-            r = PyObject_Vectorcall(py_post, args, 9, NULL);
-        }
-        Py_XDECREF(args[0]);
-        Py_XDECREF(args[5]);
-        Py_XDECREF(args[8]);
-        *request = r == Py_None ? 0 : 1;
-        return r;
-    }
-    int failed[3];
-    unsigned long long comm = handle_of(b->handle, &failed[0]);
-    unsigned long long datatype = handle_of(c->datatype, &failed[1]);
-    unsigned long long op = handle_of(c->mpi_op, &failed[2]);
-    if (failed[0] || failed[1] || failed[2])
-        return NULL;
-    Py_buffer sv = {0}, rv = {0};
-    if (c->send != Py_None && PyObject_GetBuffer(c->send, &sv, PyBUF_SIMPLE) < 0)
-        return NULL;
-    /* a broadcast's buffer is only read on the root: its caller checked the others' */
-    if (c->recv != Py_None &&
-        PyObject_GetBuffer(c->recv, &rv, c->kind == BROADCAST ? PyBUF_SIMPLE : PyBUF_WRITABLE) <
-            0) {
-        if (sv.obj != NULL)
-            PyBuffer_Release(&sv);
-        return NULL;
-    }
-    int rc;
-    if (blocking) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = primitives->post(c->kind, 1, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, request);
-        Py_END_ALLOW_THREADS
-    } else {
-        rc = primitives->post(c->kind, 0, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, request);
-    }
-    if (sv.obj != NULL)
-        PyBuffer_Release(&sv);
-    if (rv.obj != NULL)
-        PyBuffer_Release(&rv);
-    if (rc != 0) {
-        PyObject *code = PyLong_FromLong(rc);
-        if (code != NULL) {
-            PyErr_SetObject(mpi_exception, code);
-            Py_DECREF(code);
-        }
-        return NULL;
-    }
-    if (blocking)
-        Py_RETURN_NONE;
-    return PyLong_FromUnsignedLongLong(*request);
-}
-
-/* Polls the request for yield_after: 1 done, 0 not yet, -1 an error set. */
-static int poll(CallBooks *b, PyObject **request_obj, unsigned long long *request)
-{
-    if (primitives == NULL) {
-        PyObject *y = PyFloat_FromDouble(b->yield_after);
-        PyObject *r = y == NULL ? NULL : PyObject_CallFunctionObjArgs(py_poll, *request_obj, y, NULL);
-        Py_XDECREF(y);
-        if (r == NULL)
-            return -1;
-        int done = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        return done;
-    }
-    int rc, done = 0;
-    double yield_after = b->yield_after;
-    Py_BEGIN_ALLOW_THREADS
-    rc = primitives->poll(request, yield_after, &done);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) {
-        PyObject *code = PyLong_FromLong(rc);
-        if (code != NULL) {
-            PyErr_SetObject(mpi_exception, code);
-            Py_DECREF(code);
-        }
-        return -1;
-    }
-    if (!done) { /* the request as MPI_Test left it, for the wait that goes on */
-        PyObject *fresh = PyLong_FromUnsignedLongLong(*request);
-        if (fresh == NULL)
-            return -1;
-        Py_SETREF(*request_obj, fresh);
-    }
-    return done;
-}
-
-/* Steps 2 to 5 of _books.py once the token is taken: the result (new reference), or NULL. */
-static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
-{
-    PyObject *entry = begin(b, call, c->kind == SEND || c->kind == RECV, c->array, c->name,
-                            c->op, c->root);
-    if (entry == NULL)
-        return NULL;
-    int later = c->async_op || b->grouped;
-    /* point-to-point calls are never blocking: a rank may send before it receives */
-    int blocking = b->blocking && c->kind != SEND && c->kind != RECV && !later;
-    /* A blocking call cannot post anything once begun: the board says beforehand that this
-     * rank is inside it (nth * 16 + code, as _progress.BLOCKING_CALLS), and 0 once it returns */
-    long long *inside = blocking ? b->inside_word : NULL;
-    if (inside != NULL)
-        *inside = (((Entry *)entry)->seq - b->p2p) * 16 + c->kind + 1;
-    unsigned long long request = 0;
-    PyObject *request_obj = post(b, c, blocking, &request);
-    if (inside != NULL)
-        *inside = 0;
-    PyObject *result = NULL;
-    if (request_obj == NULL) { /* posting failed: nothing is in flight to record */
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyObject *r = PyObject_CallMethodNoArgs(b->recorder, s_pop);
-        Py_XDECREF(r);
-        PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
-        goto done;
-    }
-    PyObject *arrays = PyTuple_Pack(2, c->send, c->recv);
-    if (arrays == NULL)
-        goto done;
-    if (later) {
-        PyObject *async_flag = c->async_op ? Py_True : Py_False;
-        result = PyObject_CallFunctionObjArgs(b->later, request_obj, entry, arrays, c->result,
-                                              async_flag, NULL);
-    } else {
-        /* polling failed: the call was posted, so its entry stays, never completed */
-        int done = request_obj == Py_None ? 1 : poll(b, &request_obj, &request);
-        if (done == 0) {
-            PyObject *r = PyObject_CallFunctionObjArgs(b->wait_long, request_obj, entry, arrays,
-                                                       NULL);
-            done = r == NULL ? -1 : 1;
-            Py_XDECREF(r);
-        }
-        if (done > 0) {
-            ((Entry *)entry)->end = now();
-            Py_INCREF(c->result);
-            result = c->result;
-        }
-    }
-    Py_DECREF(arrays);
-done:
-    Py_XDECREF(request_obj);
-    Py_DECREF(entry);
-    return result;
-}
-
-/* The thread guards around post_and_wait; an MPI error is handed to books.mpi_error once
- * the token is back (the communicator dies of it). NotImplemented: not the owner thread, or
- * the token is taken: the general path refuses the call, or says so. */
-static PyObject *run(CallBooks *b, const Call *c)
-{
-    if (b->owner != PyThread_get_thread_ident() || b->busy)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *call = PyTuple_GET_ITEM(kind_names, c->kind);
-    b->busy = 1;
-    PyObject *result = post_and_wait(b, c, call);
-    b->busy = 0;
-    if (result == NULL && PyErr_ExceptionMatches(mpi_exception)) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        if (traceback != NULL)
-            PyException_SetTraceback(value, traceback);
-        PyObject *r = PyObject_CallFunctionObjArgs(b->mpi_error, call, value, NULL);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-        return r; /* it raises: NULL */
-    }
-    return result;
-}
-
-/* run(kind, array, name, op, root, result, send, recv, count, datatype, mpi_op, async_op) */
-static PyObject *CallBooks_run(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "run takes 12 arguments");
-        return NULL;
-    }
-    Call c = {0};
-    c.kind = PyLong_AsLong(args[0]);
-    c.array = args[1];
-    c.name = args[2];
-    c.op = args[3];
-    c.root = args[4];
-    c.root_rank = args[4] == Py_None ? 0 : PyLong_AsLong(args[4]);
-    c.result = args[5];
-    c.send = args[6];
-    c.recv = args[7];
-    c.count = PyLong_AsLongLong(args[8]);
-    c.datatype = args[9];
-    c.mpi_op = args[10];
-    c.async_op = PyObject_IsTrue(args[11]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (c.kind < 0 || c.kind >= KINDS || c.count < 0) {
-        PyErr_SetString(PyExc_ValueError, "run: no such kind, or a negative count");
-        return NULL;
-    }
-    if (primitives != NULL && c.count > primitives->count_max)
-        Py_RETURN_NOTIMPLEMENTED; /* a count this ABI's calls cannot take: the general path's */
-    return run(b, &c);
-}
-
-/* ------------------------------------------- the two busiest verbs, their checks in C */
-
-/* A C-contiguous buffer of `array` (writable if asked), or 0 with no error set. */
-static int take_buffer(PyObject *array, Py_buffer *view, int writable)
-{
-    if (PyObject_GetBuffer(array, view, PyBUF_ND | (writable ? PyBUF_WRITABLE : 0)) == 0)
-        return 1;
-    PyErr_Clear(); /* not ours to judge: the general path names what is wrong */
-    return 0;
-}
-
-static int same_shape(const Py_buffer *a, const Py_buffer *b)
-{
-    return a->ndim == b->ndim &&
-           (a->ndim == 0 || memcmp(a->shape, b->shape, a->ndim * sizeof(Py_ssize_t)) == 0);
-}
-
-static int apart(const Py_buffer *a, const Py_buffer *b)
-{
-    const char *a0 = a->buf, *b0 = b->buf;
-    return a->len == 0 || b->len == 0 || a0 + a->len <= b0 || b0 + b->len <= a0;
-}
-
-static long long elements(const Py_buffer *view)
-{
-    return (long long)(view->len / (view->itemsize ? view->itemsize : 1));
-}
-
-/* all_reduce(x, op, out, async_op): _direct.all_reduce, the result or NotImplemented */
-static PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "all_reduce(x, op, out, async_op)");
-        return NULL;
-    }
-    PyObject *x = args[0], *op = args[1], *out = args[2];
-    if ((PyObject *)Py_TYPE(x) != ndarray ||
-        !(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
-        Py_RETURN_NOTIMPLEMENTED;
-    int in_place = out == Py_None || out == x;
-    if (!in_place && (PyObject *)Py_TYPE(out) != ndarray)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
-    if (dtype == NULL)
-        return NULL;
-    PyObject *types = PyDict_GetItemWithError(fast_type, dtype); /* borrowed */
-    PyObject *ops = types == NULL ? NULL : PyDict_GetItemWithError(fast_op, op);
-    int same_dtype = 1;
-    if (ops != NULL && !in_place) {
-        PyObject *out_dtype = PyObject_GetAttr(out, s_dtype);
-        if (out_dtype == NULL) {
-            Py_DECREF(dtype);
-            return NULL;
-        }
-        same_dtype = out_dtype == dtype;
-        Py_DECREF(out_dtype);
-    }
-    Py_DECREF(dtype);
-    if (PyErr_Occurred())
-        return NULL;
-    if (ops == NULL || !same_dtype)
-        Py_RETURN_NOTIMPLEMENTED;
-    Py_buffer xb, ob;
-    if (!take_buffer(x, &xb, in_place))
-        Py_RETURN_NOTIMPLEMENTED;
-    int fits = 1;
-    if (!in_place) {
-        if (!take_buffer(out, &ob, 1)) {
-            PyBuffer_Release(&xb);
-            Py_RETURN_NOTIMPLEMENTED;
-        }
-        fits = same_shape(&xb, &ob) && apart(&xb, &ob); /* the general path judges overlap */
-        PyBuffer_Release(&ob);
-    }
-    long long count = elements(&xb);
-    PyBuffer_Release(&xb);
-    if (!fits || count > 2147483647LL)
-        Py_RETURN_NOTIMPLEMENTED; /* (a count above what one call takes: the general path's) */
-    /* the table entries are held: check mode and the recorder run Python in between */
-    Py_INCREF(types);
-    Py_INCREF(ops);
-    Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
-              in_place ? x : out, in_place ? Py_None : x, in_place ? x : out, count,
-              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0};
-    c.async_op = PyObject_IsTrue(args[3]);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_DECREF(types);
-    Py_DECREF(ops);
-    return result;
-}
-
-/* broadcast(x, root, async_op): _direct.broadcast, x or NotImplemented */
-static PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "broadcast(x, root, async_op)");
-        return NULL;
-    }
-    PyObject *x = args[0], *root = args[1];
-    if ((PyObject *)Py_TYPE(x) != ndarray || !PyLong_CheckExact(root))
-        Py_RETURN_NOTIMPLEMENTED;
-    int overflow;
-    long long root_rank = PyLong_AsLongLongAndOverflow(root, &overflow);
-    if (overflow || root_rank < 0 || root_rank >= b->size)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
-    if (dtype == NULL)
-        return NULL;
-    PyObject *types = PyDict_GetItemWithError(fast_type, dtype);
-    Py_DECREF(dtype);
-    if (types == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    Py_buffer xb;
-    if (!take_buffer(x, &xb, root_rank != b->rank)) /* the root only reads x */
-        Py_RETURN_NOTIMPLEMENTED;
-    long long count = elements(&xb);
-    PyBuffer_Release(&xb);
-    if (count > 2147483647LL)
-        Py_RETURN_NOTIMPLEMENTED;
-    Py_INCREF(types);
-    Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, root, x, Py_None, x, count,
-              PyTuple_GET_ITEM(types, 1), Py_None, (int)root_rank, 0};
-    c.async_op = PyObject_IsTrue(args[2]);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_DECREF(types);
-    return result;
 }
 
 /* ------------------------------------------------------------------ the type's members */
@@ -814,6 +304,24 @@ static PyMethodDef books_methods[] = {
      "all_reduce(x, op, out, async_op) -> the result, its Work, or NotImplemented"},
     {"broadcast", (PyCFunction)(void (*)(void))CallBooks_broadcast, METH_FASTCALL,
      "broadcast(x, root, async_op) -> x, its Work, or NotImplemented"},
+    {"reduce", (PyCFunction)(void (*)(void))CallBooks_reduce, METH_FASTCALL,
+     "reduce(x, root, op, out, async_op) -> the result, its Work, or NotImplemented"},
+    {"all_gather", (PyCFunction)(void (*)(void))CallBooks_all_gather, METH_FASTCALL,
+     "all_gather(x, out, async_op) -> the result, its Work, or NotImplemented"},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))CallBooks_reduce_scatter, METH_FASTCALL,
+     "reduce_scatter(x, op, out, async_op) -> the result, its Work, or NotImplemented"},
+    {"all_to_all", (PyCFunction)(void (*)(void))CallBooks_all_to_all, METH_FASTCALL,
+     "all_to_all(x, out, async_op) -> the result, its Work, or NotImplemented"},
+    {"gather", (PyCFunction)(void (*)(void))CallBooks_gather, METH_FASTCALL,
+     "gather(x, root, out, async_op) -> the result, its Work, or NotImplemented"},
+    {"scatter", (PyCFunction)(void (*)(void))CallBooks_scatter, METH_FASTCALL,
+     "scatter(x, root, out, async_op) -> the result, its Work, or NotImplemented"},
+    {"send", (PyCFunction)(void (*)(void))CallBooks_send, METH_FASTCALL,
+     "send(x, peer, async_op) -> None, its Work, or NotImplemented"},
+    {"recv", (PyCFunction)(void (*)(void))CallBooks_recv, METH_FASTCALL,
+     "recv(x, peer, async_op) -> x, its Work, or NotImplemented"},
+    {"barrier", (PyCFunction)CallBooks_barrier, METH_O,
+     "barrier(async_op) -> None, its Work, or NotImplemented"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -852,16 +360,16 @@ static PyObject *configure(PyObject *self, PyObject *args)
 }
 
 /* use_primitives(capsule or None, py_post, py_poll, kinds, ndarray, fast_type, fast_op,
- * reduce_op): _direct.py's, once */
+ * reduce_op, empty): _direct.py's, once */
 static PyObject *use_primitives(PyObject *self, PyObject *args)
 {
-    PyObject *capsule, *objects[7];
-    PyObject **slots[7] = {&py_post, &py_poll, &kind_names, &ndarray,
-                           &fast_type, &fast_op, &reduce_op};
+    PyObject *capsule, *objects[8];
+    PyObject **slots[8] = {&py_post, &py_poll,  &kind_names, &ndarray,
+                           &fast_type, &fast_op, &reduce_op, &empty};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O!O", &capsule, &objects[0], &objects[1],
+    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OO", &capsule, &objects[0], &objects[1],
                           &PyTuple_Type, &objects[2], &objects[3], &PyDict_Type, &objects[4],
-                          &PyDict_Type, &objects[5], &objects[6]))
+                          &PyDict_Type, &objects[5], &objects[6], &objects[7]))
         return NULL;
     if (PyTuple_GET_SIZE(objects[2]) != KINDS) {
         PyErr_Format(PyExc_ValueError, "use_primitives: %d kinds expected", KINDS);
@@ -874,7 +382,7 @@ static PyObject *use_primitives(PyObject *self, PyObject *args)
             return NULL;
     }
     primitives = given;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
     }
@@ -886,7 +394,7 @@ static PyMethodDef module_methods[] = {
      "configure(point_to_point, in_use_error, in_use_text, mpi_exception)"},
     {"use_primitives", use_primitives, METH_VARARGS,
      "use_primitives(capsule, py_post, py_poll, kinds, ndarray, fast_type, fast_op, "
-     "reduce_op)"},
+     "reduce_op, empty)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -921,3 +429,4 @@ PyMODINIT_FUNC PyInit__callbooks(void)
     }
     return m;
 }
+

@@ -204,7 +204,7 @@ class Communicator(Lifecycle):
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.reduce(fast, x, root, op, out, async_op)
+            result = fast.reduce(x, root, op, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -243,7 +243,7 @@ class Communicator(Lifecycle):
         """
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.all_gather(fast, x, out, async_op)
+            result = fast.all_gather(x, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -265,7 +265,7 @@ class Communicator(Lifecycle):
         """``out`` (shape ``x.shape[1:]``) is the reduction over ranks of ``x[rank]``."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.reduce_scatter(fast, x, op, out, async_op)
+            result = fast.reduce_scatter(x, op, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -286,7 +286,7 @@ class Communicator(Lifecycle):
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.all_to_all(fast, x, out, async_op)
+            result = fast.all_to_all(x, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -304,7 +304,7 @@ class Communicator(Lifecycle):
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.gather(fast, x, root, out, async_op)
+            result = fast.gather(x, root, out, async_op)
             if result is not NotImplemented:
                 return result
         given = x, out
@@ -324,7 +324,7 @@ class Communicator(Lifecycle):
         ``x`` of root's shape (only its shape and dtype are used)."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.scatter(fast, x, root, out, async_op)
+            result = fast.scatter(x, root, out, async_op)
             if result is not NotImplemented:
                 return result
         self._root("scatter", root)
@@ -355,7 +355,7 @@ class Communicator(Lifecycle):
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.send(fast, x, peer, async_op)
+            result = fast.send(x, peer, async_op)
             if result is not NotImplemented:
                 return result
         x, name = unwrap(x, "send")
@@ -366,7 +366,7 @@ class Communicator(Lifecycle):
         """Receive into ``x`` from ``peer``."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.recv(fast, x, peer, async_op)
+            result = fast.recv(x, peer, async_op)
             if result is not NotImplemented:
                 return result
         given = x
@@ -379,7 +379,7 @@ class Communicator(Lifecycle):
         """Return when every rank has called it."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
         if fast is not None:
-            result = _direct.barrier(fast, async_op)
+            result = fast.barrier(async_op)
             if result is not NotImplemented:
                 return result
         return self._run(

@@ -19,13 +19,15 @@ error. This is the per-call cost that small messages see.
 The primitives have two implementations with one interface: ``collectives/_fastmpi.c`` where
 it built for the MPI library's ABI (MPICH's, or Open MPI's as ``_fastmpi_ompi``; C functions
 that the books call directly), and :func:`_py_post` / :func:`_py_poll` on mpi4py otherwise (or
-with ``COLLECTIVES_PURE_PYTHON=1``; the books call them). :func:`handle` gives MPI objects in the form the chosen one
-takes, :func:`request` turns what ``post`` gave into an mpi4py request.
+with ``COLLECTIVES_PURE_PYTHON=1``; the books call them). :func:`handle` gives MPI objects
+in the form the chosen one takes, :func:`request` turns what ``post`` gave into an mpi4py
+request.
 
 On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
 Open MPI and Intel MPI, whose non-blocking collectives are slower than their blocking ones)
-a synchronous ``all_reduce`` or ``broadcast`` is a blocking MPI call. A blocking call cannot
-be interrupted, so a stuck one is ended by :data:`._watchdog.WATCHDOG`, which prints the
+every synchronous collective (not send and recv: a rank may send before it receives) is a
+blocking MPI call; MPI never matches a blocking collective with a non-blocking one, so every
+rank must make the call alike, synchronous or not. A blocking call cannot be interrupted, so a stuck one is ended by :data:`._watchdog.WATCHDOG`, which prints the
 timeout error and aborts the job.
 
 Example:
@@ -45,13 +47,12 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _callbooks
-from ._arrays import is_slot, may_share_memory
+from ._arrays import may_share_memory
 from ._books import CallBooks
 from ._mpi_base import _TAG, FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE
-_OP_TYPES = frozenset({str, ReduceOp})
 
 
 def distinct_twin(out: Any, x: Any) -> bool:
@@ -66,9 +67,6 @@ def distinct_twin(out: Any, x: Any) -> bool:
         and ((out.base is None and x.base is None) or not may_share_memory(x, out))
     )
 
-
-#: elements above which a call is left to the general one (``_mpi.MAX_COUNT``, its parts)
-_LARGE = 2**31 - 1
 
 #: the kinds of MPI call the primitives post (the order of ``_fastmpi.c``'s enum)
 KINDS = (
@@ -162,211 +160,66 @@ def _py_poll(request: Any, yield_after: float) -> bool:
     return True
 
 
-# ---------------------------------------------------------------- the verbs
-
-
-def _array(x: Any, writeable: bool) -> Any:
-    """(name, MPI datatype) of ``x``, a C-contiguous NumPy array of a type the direct path
-    takes (writeable if asked), or None."""
-    if type(x) is not np.ndarray or x.size > _LARGE:
-        return None
-    flags = x.flags
-    if not flags.c_contiguous or (writeable and not flags.writeable):
-        return None
-    return FAST_TYPE.get(x.dtype)
-
-
-def _made(out: Any, x: Any, shape: tuple) -> bool:
-    """Whether ``out`` is a writeable C-contiguous NumPy array of ``x``'s dtype and ``shape``."""
-    return (
-        type(out) is np.ndarray
-        and out.dtype is x.dtype
-        and out.shape == shape
-        and (flags := out.flags).c_contiguous
-        and flags.writeable
-    )
-
-
-def _apart(a: Any, b: Any) -> bool:
-    return (a.base is None and b.base is None) or not may_share_memory(a, b)
+# ---------------------------------------------------------------- the verbs, checked in C
+#
+# Each takes the communicator's books and a verb's arguments, and gives the result (its
+# ``Work`` with ``async_op=True``), or NotImplemented: ``CallBooks.<verb>`` checks them and
+# runs the call (``_callbooks.c``).
 
 
 def all_reduce(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool = False) -> Any:
-    """``Communicator.all_reduce`` of a NumPy array, or NotImplemented (checked in C:
-    ``CallBooks.all_reduce``)."""
+    """``Communicator.all_reduce`` of a NumPy array, or NotImplemented."""
     return books.all_reduce(x, op, out, async_op)
 
 
 def broadcast(books: CallBooks, x: Any, root: Any, async_op: bool = False) -> Any:
-    """``Communicator.broadcast`` of a NumPy array, or NotImplemented (checked in C:
-    ``CallBooks.broadcast``)."""
+    """``Communicator.broadcast`` of a NumPy array, or NotImplemented."""
     return books.broadcast(x, root, async_op)
 
 
 def reduce(books: CallBooks, x: Any, root: Any, op: Any, out: Any, async_op: bool = False) -> Any:
     """``Communicator.reduce`` of a NumPy array, or NotImplemented."""
-    if type(root) is not int or not 0 <= root < books.size or type(op) not in _OP_TYPES:
-        return NotImplemented
-    ops = FAST_OP.get(op)
-    mine = root == books.rank
-    types = _array(x, mine and (out is None or out is x))
-    if types is None or ops is None:
-        return NotImplemented
-    if not mine:
-        if not (out is None or out is x or distinct_twin(out, x)):
-            return NotImplemented  # the general path checks it (and then ignores it)
-        send, result = x, None
-    elif out is None or out is x:
-        send, result = None, x
-    elif distinct_twin(out, x):
-        send, result = x, out
-    else:
-        return NotImplemented
-    name, t = types
-    given = x if not mine else result  # what the call returns: x on the other ranks
-    return books.run(
-        REDUCE, x, name, ops[0], root, given, send, result, x.size, t, ops[1], async_op
-    )
+    return books.reduce(x, root, op, out, async_op)
 
 
 def all_gather(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> Any:
     """``Communicator.all_gather`` of a NumPy array, or NotImplemented."""
-    types = _array(x, False)
-    if types is None:
-        return NotImplemented
-    shape = (books.size, *x.shape)
-    send = x
-    if out is None:
-        out = np.empty(shape, x.dtype)
-    elif not _made(out, x, shape):
-        return NotImplemented
-    elif is_slot(x, out, books.rank):
-        send = None
-    elif not _apart(x, out):
-        return NotImplemented
-    name, t = types
-    return books.run(ALL_GATHER, x, name, None, None, out, send, out, x.size, t, _NO_OP, async_op)
+    return books.all_gather(x, out, async_op)
 
 
 def reduce_scatter(books: CallBooks, x: Any, op: Any, out: Any, async_op: bool = False) -> Any:
     """``Communicator.reduce_scatter`` of a NumPy array, or NotImplemented."""
-    if type(op) not in _OP_TYPES:
-        return NotImplemented
-    ops = FAST_OP.get(op)
-    types = _array(x, False)
-    if types is None or ops is None or x.ndim == 0 or x.shape[0] != books.size:
-        return NotImplemented
-    shape = x.shape[1:]
-    if out is None:
-        out = np.empty(shape, x.dtype)
-    elif not _made(out, x, shape) or not _apart(x, out):
-        return NotImplemented  # the in-place form (out is x[rank]) goes through a copy there
-    name, t = types
-    return books.run(
-        REDUCE_SCATTER, x, name, ops[0], None, out, x, out, out.size, t, ops[1], async_op
-    )
+    return books.reduce_scatter(x, op, out, async_op)
 
 
 def all_to_all(books: CallBooks, x: Any, out: Any, async_op: bool = False) -> Any:
     """``Communicator.all_to_all`` of a NumPy array, or NotImplemented."""
-    size = books.size
-    types = _array(x, out is x)
-    if types is None or x.ndim == 0 or x.shape[0] != size:
-        return NotImplemented
-    send: Any = x
-    if out is None:
-        out = np.empty(x.shape, x.dtype)
-    elif out is x:
-        send = None
-    elif not distinct_twin(out, x):
-        return NotImplemented
-    name, t = types
-    count = x.size // size
-    return books.run(ALL_TO_ALL, x, name, None, None, out, send, out, count, t, _NO_OP, async_op)
+    return books.all_to_all(x, out, async_op)
 
 
 def gather(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False) -> Any:
     """``Communicator.gather`` of a NumPy array, or NotImplemented."""
-    if type(root) is not int or not 0 <= root < books.size:
-        return NotImplemented
-    types = _array(x, False)
-    if types is None:
-        return NotImplemented
-    send = x
-    if root != books.rank:
-        out = None  # not looked at on other ranks
-    elif out is None:
-        out = np.empty((books.size, *x.shape), x.dtype)
-    elif not _made(out, x, (books.size, *x.shape)):
-        return NotImplemented
-    elif is_slot(x, out, root):
-        send = None
-    elif not _apart(x, out):
-        return NotImplemented
-    name, t = types
-    return books.run(GATHER, x, name, None, root, out, send, out, x.size, t, _NO_OP, async_op)
+    return books.gather(x, root, out, async_op)
 
 
 def scatter(books: CallBooks, x: Any, root: Any, out: Any, async_op: bool = False) -> Any:
     """``Communicator.scatter`` of NumPy arrays, or NotImplemented."""
-    if type(root) is not int or not 0 <= root < books.size:
-        return NotImplemented
-    mine = root == books.rank
-    if x is not None:
-        types = _array(x, False)
-        if types is None or x.ndim == 0 or x.shape[0] != books.size:
-            return NotImplemented
-        like, shape = x, x.shape[1:]
-    elif mine or out is None:
-        return NotImplemented  # the general path names what is missing
-    else:
-        like, shape = out, out.shape
-        types = _array(out, True)
-        if types is None:
-            return NotImplemented
-    recv = out
-    if out is None:
-        out = recv = np.empty(shape, like.dtype)
-    elif not _made(out, like, shape):
-        return NotImplemented
-    elif x is not None and is_slot(out, x, books.rank):
-        recv = None if mine else out  # in place on the root
-    elif x is not None and not _apart(x, out):
-        return NotImplemented
-    name, t = types
-    array, send = (x, x) if mine else (out, None)
-    return books.run(
-        SCATTER, array, name, None, root, out, send, recv, out.size, t, _NO_OP, async_op
-    )
+    return books.scatter(x, root, out, async_op)
 
 
 def send(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
     """``Communicator.send`` of a NumPy array, or NotImplemented."""
-    if type(peer) is not int or not 0 <= peer < books.size or peer == books.rank:
-        return NotImplemented
-    types = _array(x, False)
-    if types is None:
-        return NotImplemented
-    name, t = types
-    return books.run(SEND, x, name, None, peer, None, x, None, x.size, t, _NO_OP, async_op)
+    return books.send(x, peer, async_op)
 
 
 def recv(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
     """``Communicator.recv`` into a NumPy array, or NotImplemented."""
-    if type(peer) is not int or not 0 <= peer < books.size or peer == books.rank:
-        return NotImplemented
-    types = _array(x, True)
-    if types is None:
-        return NotImplemented
-    name, t = types
-    return books.run(RECV, x, name, None, peer, x, None, x, x.size, t, _NO_OP, async_op)
+    return books.recv(x, peer, async_op)
 
 
 def barrier(books: CallBooks, async_op: bool = False) -> Any:
     """``Communicator.barrier``, or NotImplemented."""
-    return books.run(
-        BARRIER, None, None, None, None, None, None, None, 0, _NO_TYPE, _NO_OP, async_op
-    )
+    return books.barrier(async_op)
 
 
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
@@ -454,10 +307,6 @@ FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.
 FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
 
 
-_NO_OP = handle(MPI.OP_NULL)
-_NO_TYPE = handle(MPI.DATATYPE_NULL)
-
-
 def set_up(module: Any, addresses: list[int]) -> None:
     """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them)."""
     module.setup(list(addresses), int(_IN_PLACE), _TAG)
@@ -487,4 +336,5 @@ _callbooks.use_primitives(
     FAST_TYPE,
     FAST_OP,
     ReduceOp,
+    np.empty,
 )

@@ -42,10 +42,11 @@ def init(
             call it within that time.
         check: verify before each call that all ranks make the same call
             (default: environment ``COLLECTIVES_CHECK=1``).
-        mpi_blocking: on the MPI backend, make synchronous ``all_reduce`` and ``broadcast``
-            of NumPy arrays blocking MPI calls, which are faster than non-blocking ones
-            with Open MPI and Intel MPI; a stuck one then ends the job after ``timeout``
-            (printing the timeout error) instead of raising it. Default: environment
+        mpi_blocking: on the MPI backend, make synchronous collectives (every verb but
+            send and recv) of NumPy arrays blocking MPI calls, which are faster than
+            non-blocking ones with Open MPI and Intel MPI; a stuck one then ends the job
+            after ``timeout`` (printing the timeout error) instead of raising it. Every rank
+            must then make a call alike, synchronous or not (MPI never matches the two). Default: environment
             ``COLLECTIVES_MPI_BLOCKING`` (``1`` or ``0``), else on for Open MPI and Intel MPI.
 
     Each call returns an independent communicator (as ``MPI_Comm_dup``), every rank must call it.

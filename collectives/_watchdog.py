@@ -1,7 +1,7 @@
 """Ends the job when a blocking direct-path call outlasts its communicator's timeout.
 
-A blocking MPI call (a synchronous ``all_reduce`` or ``broadcast`` on a communicator whose
-backend is ``blocking``: :mod:`._direct`) cannot be interrupted. :data:`WATCHDOG`, a daemon
+A blocking MPI call (a synchronous collective on a communicator whose backend is
+``blocking``: :mod:`._direct`) cannot be interrupted. :data:`WATCHDOG`, a daemon
 thread, reads each watched communicator's newest flight-recorder entry (an
 :class:`~._books.Entry`, whose ``end`` stays 0.0 until the call returns) under the one
 deadline rule (:func:`._deadline.overdue`): no cost per call. The error that a caller would

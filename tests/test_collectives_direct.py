@@ -320,3 +320,12 @@ def test_an_mpi_error_is_a_collectives_error_naming_the_call_and_the_communicato
     with pytest.raises(col.CommunicatorStateError, match="unusable after an earlier error"):
         comm.all_reduce(np.ones(2))
     comm.close()
+
+
+def test_the_board_names_every_blocking_call_by_its_kind():
+    from collectives._progress import BLOCKING_CALLS
+
+    point_to_point = ("send", "recv")  # never blocking: a rank may send before it receives
+    kinds = {code + 1: name for code, name in enumerate(_direct.KINDS)}
+    assert BLOCKING_CALLS == {c: n for c, n in kinds.items() if n not in point_to_point}
+    assert max(BLOCKING_CALLS) < 16  # the code's 4 bits of an inside word

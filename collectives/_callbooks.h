@@ -1,0 +1,95 @@
+/* What the three files of the books' module share (collectives._callbooks: _callbooks.c the
+ * types and the module, _callbooks_run.c the numbering and one call, _callbooks_verbs.c the
+ * verbs' argument checks). */
+#ifndef COLLECTIVES_CALLBOOKS_H
+#define COLLECTIVES_CALLBOOKS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <pythread.h>
+#include <string.h>
+#include <time.h>
+
+#include "_primitives.h"
+
+/* set once by configure() and use_primitives() (_books.py, _direct.py) */
+extern const Primitives *primitives; /* NULL: the mpi4py primitives */
+extern PyObject *py_post, *py_poll;  /* _direct._py_post and _py_poll */
+extern PyObject *mpi_exception;      /* mpi4py's MPI.Exception: made from an error code */
+extern PyObject *point_to_point;     /* _check.POINT_TO_POINT: not numbered as collectives */
+extern PyObject *in_use_error;       /* CommunicatorStateError, and the words it says */
+extern PyObject *in_use_text;
+extern PyObject *ndarray;    /* numpy.ndarray */
+extern PyObject *fast_type;  /* _direct.FAST_TYPE: dtype -> (name, datatype handle) */
+extern PyObject *fast_op;    /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
+extern PyObject *reduce_op;  /* the ReduceOp class */
+extern PyObject *empty;      /* numpy.empty */
+extern PyObject *kind_names; /* _direct.KINDS, a tuple of str */
+extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
+
+static inline double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* One direct-path call in the flight recorder. */
+typedef struct {
+    PyObject_HEAD
+    long long seq;
+    PyObject *call, *shape, *dtype;
+    double start, end;
+} Entry;
+
+PyObject *new_entry(long long seq, PyObject *call, PyObject *shape, PyObject *dtype);
+
+/* The per-call state of one communicator (_books.py documents the fields). */
+typedef struct {
+    PyObject_HEAD
+    char busy;                /* a call holds the communicator (the thread token) */
+    char grouped, blocking;
+    long long seq, p2p, next_check;
+    Py_ssize_t slot;
+    int rank, size;
+    double yield_after, last_call, quiet;
+    unsigned long owner;
+    PyObject *slots, *inside; /* the progress board's words (int64), or None */
+    long long *slot_word, *inside_word;
+    Py_buffer slots_view, inside_view;
+    PyObject *checker, *recorder, *wait_long, *pending, *mpi_error, *later, *handle;
+} CallBooks;
+
+/* One checked direct-path call (the arguments of run()). */
+typedef struct {
+    int kind;
+    PyObject *array, *name, *op, *root; /* for the books: what check mode compares */
+    PyObject *result, *send, *recv;     /* send, recv: arrays, or None */
+    long long count;
+    PyObject *datatype, *mpi_op; /* handles (C primitives) or mpi4py objects */
+    int root_rank, async_op;
+} Call;
+
+/* _callbooks_run.c */
+PyObject *run(CallBooks *b, const Call *c);
+PyObject *CallBooks_take(CallBooks *b, PyObject *call);
+PyObject *CallBooks_give(CallBooks *b, PyObject *unused);
+PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_begin(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_run(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+
+/* _callbooks_verbs.c: each verb's checks, then run() */
+PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_all_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_all_to_all(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_send(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op);
+
+#endif

@@ -1,0 +1,339 @@
+/* The books' numbering and one direct-path call: steps 1 to 5 of _books.py, in C (part of
+ * collectives._callbooks; _callbooks.c says what the module is). */
+#include "_callbooks.h"
+
+/* ------------------------------------------------------------------ numbering, entries */
+
+/* CallBooks.number: the call's seq, or -1 with an error set. */
+static long long number(CallBooks *b, PyObject *call, int p2p, PyObject *array, PyObject *name,
+                        PyObject *op, PyObject *root)
+{
+    long long seq = ++b->seq;
+    if (p2p) {
+        b->p2p++;
+        return seq;
+    }
+    long long nth = seq - b->p2p;
+    if (b->slot_word != NULL)
+        *b->slot_word = nth;
+    if (b->checker != Py_None) {
+        double t = now(), last = b->last_call;
+        b->last_call = t;
+        if (nth >= b->next_check || t - last > b->quiet) {
+            PyObject *n = PyLong_FromLongLong(nth);
+            PyObject *r = n == NULL ? NULL
+                                    : PyObject_CallMethodObjArgs(b->checker, s_verify, n, call,
+                                                                 array, name, op, root, NULL);
+            Py_XDECREF(n);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+        }
+    }
+    return seq;
+}
+
+/* CallBooks.begin: number() and an Entry appended to the recorder (new reference). */
+static PyObject *begin(CallBooks *b, PyObject *call, int p2p, PyObject *array, PyObject *name,
+                       PyObject *op, PyObject *root)
+{
+    long long seq = number(b, call, p2p, array, name, op, root);
+    if (seq < 0)
+        return NULL;
+    PyObject *shape = array == Py_None ? (Py_INCREF(Py_None), Py_None)
+                                       : PyObject_GetAttr(array, s_shape);
+    if (shape == NULL)
+        return NULL;
+    PyObject *entry = new_entry(seq, call, shape, name);
+    Py_DECREF(shape);
+    if (entry == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg(b->recorder, s_append, entry);
+    if (r == NULL) {
+        Py_DECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return entry;
+}
+
+static int is_p2p(PyObject *call)
+{
+    return point_to_point == NULL ? 0 : PySet_Contains(point_to_point, call);
+}
+
+PyObject *CallBooks_take(CallBooks *b, PyObject *call)
+{
+    if (b->busy) {
+        PyObject *text = PyUnicode_FromFormat("%S: %S", call, in_use_text);
+        if (text != NULL) {
+            PyErr_SetObject(in_use_error, text);
+            Py_DECREF(text);
+        }
+        return NULL;
+    }
+    b->busy = 1;
+    Py_RETURN_NONE;
+}
+
+PyObject *CallBooks_give(CallBooks *b, PyObject *unused)
+{
+    (void)unused;
+    b->busy = 0;
+    Py_RETURN_NONE;
+}
+
+PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "number(call, array, name, op, root)");
+        return NULL;
+    }
+    int p2p = is_p2p(args[0]);
+    long long seq = p2p < 0 ? -1 : number(b, args[0], p2p, args[1], args[2], args[3], args[4]);
+    return seq < 0 ? NULL : PyLong_FromLongLong(seq);
+}
+
+PyObject *CallBooks_begin(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "begin(call, array, name, op, root)");
+        return NULL;
+    }
+    int p2p = is_p2p(args[0]);
+    return p2p < 0 ? NULL : begin(b, args[0], p2p, args[1], args[2], args[3], args[4]);
+}
+
+/* ------------------------------------------------------------------------ one call, run */
+
+
+/* A handle as mpi4py gives it (None: a call that takes none, e.g. a broadcast's op). */
+static unsigned long long handle_of(PyObject *value, int *failed)
+{
+    *failed = 0;
+    if (value == Py_None)
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(value);
+    *failed = v == (unsigned long long)-1 && PyErr_Occurred();
+    return v;
+}
+
+/* The request as Python sees it: the handle (C primitives), or mpi4py's request. */
+static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long long *request)
+{
+    if (primitives == NULL) {
+        PyObject *args[9] = {NULL};
+        PyObject *r = NULL;
+        args[0] = PyLong_FromLong(c->kind);
+        args[5] = PyLong_FromLongLong(c->count);
+        args[8] = PyLong_FromLong(c->root_rank);
+        if (args[0] && args[5] && args[8]) {
+            args[1] = blocking ? Py_True : Py_False;
+            args[2] = b->handle;
+            args[3] = c->send;
+            args[4] = c->recv;
+            args[6] = c->datatype;
+            args[7] = c->mpi_op;
+            r = PyObject_Vectorcall(py_post, args, 9, NULL);
+        }
+        Py_XDECREF(args[0]);
+        Py_XDECREF(args[5]);
+        Py_XDECREF(args[8]);
+        *request = r == Py_None ? 0 : 1;
+        return r;
+    }
+    int failed[3];
+    unsigned long long comm = handle_of(b->handle, &failed[0]);
+    unsigned long long datatype = handle_of(c->datatype, &failed[1]);
+    unsigned long long op = handle_of(c->mpi_op, &failed[2]);
+    if (failed[0] || failed[1] || failed[2])
+        return NULL;
+    Py_buffer sv = {0}, rv = {0};
+    if (c->send != Py_None && PyObject_GetBuffer(c->send, &sv, PyBUF_SIMPLE) < 0)
+        return NULL;
+    /* a broadcast's buffer is only read on the root: its caller checked the others' */
+    if (c->recv != Py_None &&
+        PyObject_GetBuffer(c->recv, &rv, c->kind == BROADCAST ? PyBUF_SIMPLE : PyBUF_WRITABLE) <
+            0) {
+        if (sv.obj != NULL)
+            PyBuffer_Release(&sv);
+        return NULL;
+    }
+    int rc;
+    if (blocking) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = primitives->post(c->kind, 1, comm, sv.buf, rv.buf, c->count, datatype, op,
+                              c->root_rank, request);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = primitives->post(c->kind, 0, comm, sv.buf, rv.buf, c->count, datatype, op,
+                              c->root_rank, request);
+    }
+    if (sv.obj != NULL)
+        PyBuffer_Release(&sv);
+    if (rv.obj != NULL)
+        PyBuffer_Release(&rv);
+    if (rc != 0) {
+        PyObject *code = PyLong_FromLong(rc);
+        if (code != NULL) {
+            PyErr_SetObject(mpi_exception, code);
+            Py_DECREF(code);
+        }
+        return NULL;
+    }
+    if (blocking)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(*request);
+}
+
+/* Polls the request for yield_after: 1 done, 0 not yet, -1 an error set. */
+static int poll(CallBooks *b, PyObject **request_obj, unsigned long long *request)
+{
+    if (primitives == NULL) {
+        PyObject *y = PyFloat_FromDouble(b->yield_after);
+        PyObject *r = y == NULL ? NULL : PyObject_CallFunctionObjArgs(py_poll, *request_obj, y, NULL);
+        Py_XDECREF(y);
+        if (r == NULL)
+            return -1;
+        int done = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        return done;
+    }
+    int rc, done = 0;
+    double yield_after = b->yield_after;
+    Py_BEGIN_ALLOW_THREADS
+    rc = primitives->poll(request, yield_after, &done);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyObject *code = PyLong_FromLong(rc);
+        if (code != NULL) {
+            PyErr_SetObject(mpi_exception, code);
+            Py_DECREF(code);
+        }
+        return -1;
+    }
+    if (!done) { /* the request as MPI_Test left it, for the wait that goes on */
+        PyObject *fresh = PyLong_FromUnsignedLongLong(*request);
+        if (fresh == NULL)
+            return -1;
+        Py_SETREF(*request_obj, fresh);
+    }
+    return done;
+}
+
+/* Steps 2 to 5 of _books.py once the token is taken: the result (new reference), or NULL. */
+static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
+{
+    PyObject *entry = begin(b, call, c->kind == SEND || c->kind == RECV, c->array, c->name,
+                            c->op, c->root);
+    if (entry == NULL)
+        return NULL;
+    int later = c->async_op || b->grouped;
+    /* point-to-point calls are never blocking: a rank may send before it receives */
+    int blocking = b->blocking && c->kind != SEND && c->kind != RECV && !later;
+    /* A blocking call cannot post anything once begun: the board says beforehand that this
+     * rank is inside it (nth * 16 + code, as _progress.BLOCKING_CALLS), and 0 once it returns */
+    long long *inside = blocking ? b->inside_word : NULL;
+    if (inside != NULL)
+        *inside = (((Entry *)entry)->seq - b->p2p) * 16 + c->kind + 1;
+    unsigned long long request = 0;
+    PyObject *request_obj = post(b, c, blocking, &request);
+    if (inside != NULL)
+        *inside = 0;
+    PyObject *result = NULL;
+    if (request_obj == NULL) { /* posting failed: nothing is in flight to record */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *r = PyObject_CallMethodNoArgs(b->recorder, s_pop);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+        goto done;
+    }
+    PyObject *arrays = PyTuple_Pack(2, c->send, c->recv);
+    if (arrays == NULL)
+        goto done;
+    if (later) {
+        PyObject *async_flag = c->async_op ? Py_True : Py_False;
+        result = PyObject_CallFunctionObjArgs(b->later, request_obj, entry, arrays, c->result,
+                                              async_flag, NULL);
+    } else {
+        /* polling failed: the call was posted, so its entry stays, never completed */
+        int done = request_obj == Py_None ? 1 : poll(b, &request_obj, &request);
+        if (done == 0) {
+            PyObject *r = PyObject_CallFunctionObjArgs(b->wait_long, request_obj, entry, arrays,
+                                                       NULL);
+            done = r == NULL ? -1 : 1;
+            Py_XDECREF(r);
+        }
+        if (done > 0) {
+            ((Entry *)entry)->end = now();
+            Py_INCREF(c->result);
+            result = c->result;
+        }
+    }
+    Py_DECREF(arrays);
+done:
+    Py_XDECREF(request_obj);
+    Py_DECREF(entry);
+    return result;
+}
+
+/* The thread guards around post_and_wait; an MPI error is handed to books.mpi_error once
+ * the token is back (the communicator dies of it). NotImplemented: not the owner thread, or
+ * the token is taken: the general path refuses the call, or says so. */
+PyObject *run(CallBooks *b, const Call *c)
+{
+    if (b->owner != PyThread_get_thread_ident() || b->busy)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *call = PyTuple_GET_ITEM(kind_names, c->kind);
+    b->busy = 1;
+    PyObject *result = post_and_wait(b, c, call);
+    b->busy = 0;
+    if (result == NULL && PyErr_ExceptionMatches(mpi_exception)) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL)
+            PyException_SetTraceback(value, traceback);
+        PyObject *r = PyObject_CallFunctionObjArgs(b->mpi_error, call, value, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return r; /* it raises: NULL */
+    }
+    return result;
+}
+
+/* run(kind, array, name, op, root, result, send, recv, count, datatype, mpi_op, async_op) */
+PyObject *CallBooks_run(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "run takes 12 arguments");
+        return NULL;
+    }
+    Call c = {0};
+    c.kind = PyLong_AsLong(args[0]);
+    c.array = args[1];
+    c.name = args[2];
+    c.op = args[3];
+    c.root = args[4];
+    c.root_rank = args[4] == Py_None ? 0 : PyLong_AsLong(args[4]);
+    c.result = args[5];
+    c.send = args[6];
+    c.recv = args[7];
+    c.count = PyLong_AsLongLong(args[8]);
+    c.datatype = args[9];
+    c.mpi_op = args[10];
+    c.async_op = PyObject_IsTrue(args[11]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (c.kind < 0 || c.kind >= KINDS || c.count < 0) {
+        PyErr_SetString(PyExc_ValueError, "run: no such kind, or a negative count");
+        return NULL;
+    }
+    if (primitives != NULL && c.count > primitives->count_max)
+        Py_RETURN_NOTIMPLEMENTED; /* a count this ABI's calls cannot take: the general path's */
+    return run(b, &c);
+}
+

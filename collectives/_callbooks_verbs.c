@@ -1,0 +1,543 @@
+/* The direct path's verbs: each checks its arguments as the direct path takes them (NumPy
+ * arrays, C-contiguous, of a dtype and op MPI has, apart or exactly in place), then hands the
+ * call to run() (_callbooks_run.c). Anything else gives NotImplemented before any
+ * bookkeeping: the general path (Communicator) runs the call or names the error. Part of
+ * collectives._callbooks. */
+#include "_callbooks.h"
+
+/* ------------------------------------------- the two busiest verbs, their checks in C */
+
+/* A C-contiguous buffer of `array` (writable if asked), or 0 with no error set. */
+static int take_buffer(PyObject *array, Py_buffer *view, int writable)
+{
+    if (PyObject_GetBuffer(array, view, PyBUF_ND | (writable ? PyBUF_WRITABLE : 0)) == 0)
+        return 1;
+    PyErr_Clear(); /* not ours to judge: the general path names what is wrong */
+    return 0;
+}
+
+static int same_shape(const Py_buffer *a, const Py_buffer *b)
+{
+    return a->ndim == b->ndim &&
+           (a->ndim == 0 || memcmp(a->shape, b->shape, a->ndim * sizeof(Py_ssize_t)) == 0);
+}
+
+static int apart(const Py_buffer *a, const Py_buffer *b)
+{
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a->len == 0 || b->len == 0 || a0 + a->len <= b0 || b0 + b->len <= a0;
+}
+
+static long long elements(const Py_buffer *view)
+{
+    return (long long)(view->len / (view->itemsize ? view->itemsize : 1));
+}
+
+/* all_reduce(x, op, out, async_op): _direct.all_reduce, the result or NotImplemented */
+PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce(x, op, out, async_op)");
+        return NULL;
+    }
+    PyObject *x = args[0], *op = args[1], *out = args[2];
+    if ((PyObject *)Py_TYPE(x) != ndarray ||
+        !(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
+        Py_RETURN_NOTIMPLEMENTED;
+    int in_place = out == Py_None || out == x;
+    if (!in_place && (PyObject *)Py_TYPE(out) != ndarray)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
+    if (dtype == NULL)
+        return NULL;
+    PyObject *types = PyDict_GetItemWithError(fast_type, dtype); /* borrowed */
+    PyObject *ops = types == NULL ? NULL : PyDict_GetItemWithError(fast_op, op);
+    int same_dtype = 1;
+    if (ops != NULL && !in_place) {
+        PyObject *out_dtype = PyObject_GetAttr(out, s_dtype);
+        if (out_dtype == NULL) {
+            Py_DECREF(dtype);
+            return NULL;
+        }
+        same_dtype = out_dtype == dtype;
+        Py_DECREF(out_dtype);
+    }
+    Py_DECREF(dtype);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ops == NULL || !same_dtype)
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_buffer xb, ob;
+    if (!take_buffer(x, &xb, in_place))
+        Py_RETURN_NOTIMPLEMENTED;
+    int fits = 1;
+    if (!in_place) {
+        if (!take_buffer(out, &ob, 1)) {
+            PyBuffer_Release(&xb);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        fits = same_shape(&xb, &ob) && apart(&xb, &ob); /* the general path judges overlap */
+        PyBuffer_Release(&ob);
+    }
+    long long count = elements(&xb);
+    PyBuffer_Release(&xb);
+    if (!fits || count > 2147483647LL)
+        Py_RETURN_NOTIMPLEMENTED; /* (a count above what one call takes: the general path's) */
+    /* the table entries are held: check mode and the recorder run Python in between */
+    Py_INCREF(types);
+    Py_INCREF(ops);
+    Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
+              in_place ? x : out, in_place ? Py_None : x, in_place ? x : out, count,
+              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0};
+    c.async_op = PyObject_IsTrue(args[3]);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_DECREF(types);
+    Py_DECREF(ops);
+    return result;
+}
+
+/* broadcast(x, root, async_op): _direct.broadcast, x or NotImplemented */
+PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "broadcast(x, root, async_op)");
+        return NULL;
+    }
+    PyObject *x = args[0], *root = args[1];
+    if ((PyObject *)Py_TYPE(x) != ndarray || !PyLong_CheckExact(root))
+        Py_RETURN_NOTIMPLEMENTED;
+    int overflow;
+    long long root_rank = PyLong_AsLongLongAndOverflow(root, &overflow);
+    if (overflow || root_rank < 0 || root_rank >= b->size)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
+    if (dtype == NULL)
+        return NULL;
+    PyObject *types = PyDict_GetItemWithError(fast_type, dtype);
+    Py_DECREF(dtype);
+    if (types == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_buffer xb;
+    if (!take_buffer(x, &xb, root_rank != b->rank)) /* the root only reads x */
+        Py_RETURN_NOTIMPLEMENTED;
+    long long count = elements(&xb);
+    PyBuffer_Release(&xb);
+    if (count > 2147483647LL)
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_INCREF(types);
+    Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, root, x, Py_None, x, count,
+              PyTuple_GET_ITEM(types, 1), Py_None, (int)root_rank, 0};
+    c.async_op = PyObject_IsTrue(args[2]);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_DECREF(types);
+    return result;
+}
+
+/* ------------------------------------------------- the other verbs, their checks in C */
+
+/* An array as the direct path takes it: a C-contiguous NumPy array of at most LARGE
+ * elements, its buffer held (writable where asked) and its dtype. */
+typedef struct {
+    PyObject *obj, *dtype;
+    Py_buffer v;
+} Arr;
+
+#define LARGE 2147483647LL /* elements above which a call is the general path's (its parts) */
+
+static void arr_free(Arr *a)
+{
+    if (a->obj != NULL)
+        PyBuffer_Release(&a->v);
+    a->obj = NULL;
+    Py_CLEAR(a->dtype);
+}
+
+/* 1 taken, 0 not for the direct path (nothing held, no error), -1 an error set. */
+static int arr_take(PyObject *obj, int writable, Arr *a)
+{
+    a->obj = a->dtype = NULL;
+    if ((PyObject *)Py_TYPE(obj) != ndarray)
+        return 0;
+    if (PyObject_GetBuffer(obj, &a->v, PyBUF_ND | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear(); /* not ours to judge: the general path names what is wrong */
+        return 0;
+    }
+    a->obj = obj;
+    a->dtype = PyObject_GetAttr(obj, s_dtype);
+    if (a->dtype == NULL) {
+        arr_free(a);
+        return -1;
+    }
+    if (elements(&a->v) > LARGE || a->v.ndim >= 63) {
+        arr_free(a);
+        return 0;
+    }
+    return 1;
+}
+
+/* FAST_TYPE's (name, datatype) of a's dtype (borrowed), or NULL (an error set, or not). */
+static PyObject *arr_types(const Arr *a)
+{
+    return PyDict_GetItemWithError(fast_type, a->dtype);
+}
+
+/* Whether out has like's dtype and the shape dims[:ndim] (out taken writable). */
+static int made(const Arr *out, const Arr *like, int ndim, const Py_ssize_t *dims)
+{
+    return out->dtype == like->dtype && out->v.ndim == ndim &&
+           (ndim == 0 || memcmp(out->v.shape, dims, ndim * sizeof(Py_ssize_t)) == 0);
+}
+
+/* Whether part is exactly whole[index] (the in-place forms of gather and scatter). */
+static int is_slot(const Arr *part, const Arr *whole, Py_ssize_t index)
+{
+    return part->v.len > 0 && whole->v.ndim > 0 &&
+           part->v.len * whole->v.shape[0] == whole->v.len &&
+           (char *)part->v.buf == (char *)whole->v.buf + index * part->v.len;
+}
+
+/* A new array of `shape` (dims[:ndim]) and `dtype`, or NULL with an error set. */
+static PyObject *new_array(int ndim, const Py_ssize_t *dims, PyObject *dtype)
+{
+    PyObject *shape = PyTuple_New(ndim);
+    if (shape == NULL)
+        return NULL;
+    for (int i = 0; i < ndim; i++) {
+        PyObject *n = PyLong_FromSsize_t(dims[i]);
+        if (n == NULL) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, i, n);
+    }
+    PyObject *array = PyObject_CallFunctionObjArgs(empty, shape, dtype, NULL);
+    Py_DECREF(shape);
+    return array;
+}
+
+/* A root or peer in range (and not this rank where asked), else -1. */
+static int rank_of(CallBooks *b, PyObject *value, int not_mine)
+{
+    if (!PyLong_CheckExact(value))
+        return -1;
+    int overflow;
+    long long r = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || r < 0 || r >= b->size || (not_mine && r == b->rank))
+        return -1;
+    return (int)r;
+}
+
+/* FAST_OP's (ReduceOp, op) of `op` (borrowed), or NULL (an error set, or not ours). */
+static PyObject *op_of(PyObject *op)
+{
+    if (!(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
+        return NULL;
+    return PyDict_GetItemWithError(fast_op, op);
+}
+
+static int check_nargs(const char *form, Py_ssize_t nargs, Py_ssize_t expected)
+{
+    if (nargs == expected)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s", form);
+    return -1;
+}
+
+/* The end of every verb below: NotImplemented where `fits` is 0, the call's result where
+ * 1, NULL where an error is set; the arrays are let go. */
+#define NOT_OURS ((PyObject *)-1)
+
+static PyObject *finish(PyObject *result, Arr *a, Arr *o)
+{
+    arr_free(a);
+    arr_free(o);
+    if (result == NOT_OURS)
+        Py_RETURN_NOTIMPLEMENTED;
+    return result;
+}
+
+/* reduce(x, root, op, out, async_op) */
+PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("reduce(x, root, op, out, async_op)", nargs, 5) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[3];
+    Arr a = {0}, o = {0};
+    int root = rank_of(b, args[1], 0);
+    PyObject *ops = root < 0 ? NULL : op_of(args[2]);
+    if (ops == NULL)
+        return PyErr_Occurred() ? NULL : finish(NOT_OURS, &a, &o);
+    int mine = root == b->rank, in_place = out == Py_None || out == x;
+    int got = arr_take(x, mine && in_place, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    if (!in_place) { /* a twin apart from x (looked at and then ignored on other ranks) */
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim, a.v.shape) || !apart(&a.v, &o.v))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+    }
+    PyObject *send = mine && in_place ? Py_None : x;
+    PyObject *result = !mine ? Py_None : in_place ? x : out;
+    Call c = {REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), args[1],
+              mine ? result : x, send, result, elements(&a.v), PyTuple_GET_ITEM(types, 1),
+              PyTuple_GET_ITEM(ops, 1), root, 0};
+    c.async_op = PyObject_IsTrue(args[4]);
+    arr_free(&o);
+    arr_free(&a);
+    return c.async_op < 0 ? NULL : run(b, &c);
+}
+
+/* all_gather(x, out, async_op) */
+PyObject *CallBooks_all_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("all_gather(x, out, async_op)", nargs, 3) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[1], *made_out = NULL, *send = x;
+    Arr a = {0}, o = {0};
+    int got = arr_take(x, 0, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    Py_ssize_t dims[64];
+    dims[0] = b->size;
+    if (a.v.ndim > 0)
+        memcpy(dims + 1, a.v.shape, a.v.ndim * sizeof(Py_ssize_t));
+    if (out == Py_None) {
+        out = made_out = new_array(a.v.ndim + 1, dims, a.dtype);
+        if (out == NULL)
+            return finish(NULL, &a, &o);
+    } else {
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim + 1, dims))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+        if (is_slot(&a, &o, b->rank))
+            send = Py_None;
+        else if (!apart(&a.v, &o.v))
+            return finish(NOT_OURS, &a, &o);
+    }
+    Call c = {ALL_GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0};
+    c.async_op = PyObject_IsTrue(args[2]);
+    arr_free(&o);
+    arr_free(&a);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_XDECREF(made_out);
+    return result;
+}
+
+/* reduce_scatter(x, op, out, async_op) */
+PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("reduce_scatter(x, op, out, async_op)", nargs, 4) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[2], *made_out = NULL;
+    Arr a = {0}, o = {0};
+    PyObject *ops = op_of(args[1]);
+    if (ops == NULL)
+        return PyErr_Occurred() ? NULL : finish(NOT_OURS, &a, &o);
+    int got = arr_take(x, 0, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL || a.v.ndim == 0 || a.v.shape[0] != b->size)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    if (out == Py_None) {
+        out = made_out = new_array(a.v.ndim - 1, a.v.shape + 1, a.dtype);
+        if (out == NULL)
+            return finish(NULL, &a, &o);
+    } else {
+        /* the in-place form (out is x[rank]) goes through a copy in the general path */
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim - 1, a.v.shape + 1) || !apart(&a.v, &o.v))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+    }
+    Call c = {REDUCE_SCATTER, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0),
+              Py_None, out, x, out, elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1),
+              PyTuple_GET_ITEM(ops, 1), 0, 0};
+    c.async_op = PyObject_IsTrue(args[3]);
+    arr_free(&o);
+    arr_free(&a);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_XDECREF(made_out);
+    return result;
+}
+
+/* all_to_all(x, out, async_op) */
+PyObject *CallBooks_all_to_all(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("all_to_all(x, out, async_op)", nargs, 3) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[1], *made_out = NULL, *send = x;
+    Arr a = {0}, o = {0};
+    int got = arr_take(x, out == x, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL || a.v.ndim == 0 || a.v.shape[0] != b->size)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    if (out == Py_None) {
+        out = made_out = new_array(a.v.ndim, a.v.shape, a.dtype);
+        if (out == NULL)
+            return finish(NULL, &a, &o);
+    } else if (out == x) {
+        send = Py_None;
+    } else {
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim, a.v.shape) || !apart(&a.v, &o.v))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+    }
+    Call c = {ALL_TO_ALL, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
+              elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0};
+    c.async_op = PyObject_IsTrue(args[2]);
+    arr_free(&o);
+    arr_free(&a);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_XDECREF(made_out);
+    return result;
+}
+
+/* gather(x, root, out, async_op) */
+PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("gather(x, root, out, async_op)", nargs, 4) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[2], *made_out = NULL, *send = x;
+    Arr a = {0}, o = {0};
+    int root = rank_of(b, args[1], 0);
+    int got = root < 0 ? 0 : arr_take(x, 0, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    Py_ssize_t dims[64];
+    dims[0] = b->size;
+    if (a.v.ndim > 0)
+        memcpy(dims + 1, a.v.shape, a.v.ndim * sizeof(Py_ssize_t));
+    if (root != b->rank) {
+        out = Py_None; /* not looked at on other ranks */
+    } else if (out == Py_None) {
+        out = made_out = new_array(a.v.ndim + 1, dims, a.dtype);
+        if (out == NULL)
+            return finish(NULL, &a, &o);
+    } else {
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim + 1, dims))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+        if (is_slot(&a, &o, root))
+            send = Py_None;
+        else if (!apart(&a.v, &o.v))
+            return finish(NOT_OURS, &a, &o);
+    }
+    Call c = {GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out, send, out,
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
+    c.async_op = PyObject_IsTrue(args[3]);
+    arr_free(&o);
+    arr_free(&a);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_XDECREF(made_out);
+    return result;
+}
+
+/* scatter(x, root, out, async_op) */
+PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("scatter(x, root, out, async_op)", nargs, 4) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[2], *made_out = NULL, *types;
+    Arr a = {0}, o = {0};
+    const Arr *like;
+    int ndim, got = 0;
+    const Py_ssize_t *dims;
+    int root = rank_of(b, args[1], 0), mine = root == b->rank;
+    if (root < 0)
+        return finish(NOT_OURS, &a, &o);
+    if (x != Py_None) {
+        got = arr_take(x, 0, &a);
+        types = got > 0 ? arr_types(&a) : NULL;
+        if (types == NULL || a.v.ndim == 0 || a.v.shape[0] != b->size)
+            return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+        like = &a;
+        ndim = a.v.ndim - 1;
+        dims = a.v.shape + 1;
+    } else {
+        if (mine || out == Py_None) /* the general path names what is missing */
+            return finish(NOT_OURS, &a, &o);
+        got = arr_take(out, 1, &o);
+        types = got > 0 ? arr_types(&o) : NULL;
+        if (types == NULL)
+            return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+        like = &o;
+        ndim = o.v.ndim;
+        dims = o.v.shape;
+    }
+    PyObject *recv = out;
+    if (out == Py_None) {
+        out = recv = made_out = new_array(ndim, dims, like->dtype);
+        if (out == NULL)
+            return finish(NULL, &a, &o);
+    } else if (x != Py_None) { /* (where x is None, out was taken above) */
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, like, ndim, dims))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+        if (is_slot(&o, &a, b->rank))
+            recv = mine ? Py_None : out; /* in place on the root */
+        else if (!apart(&a.v, &o.v))
+            return finish(NOT_OURS, &a, &o);
+    }
+    long long count = elements(x != Py_None ? &a.v : &o.v) / (x != Py_None ? b->size : 1);
+    Call c = {SCATTER, mine ? x : out, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out,
+              mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
+    c.async_op = PyObject_IsTrue(args[3]);
+    Py_INCREF(types); /* held past the arrays' buffers */
+    arr_free(&o);
+    arr_free(&a);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_DECREF(types);
+    Py_XDECREF(made_out);
+    return result;
+}
+
+/* send or recv: (x, peer, async_op) */
+static PyObject *point_to_point_call(CallBooks *b, PyObject *const *args, Py_ssize_t nargs,
+                                     int kind)
+{
+    if (check_nargs(kind == SEND ? "send(x, peer, async_op)" : "recv(x, peer, async_op)",
+                    nargs, 3) < 0)
+        return NULL;
+    PyObject *x = args[0];
+    Arr a = {0}, o = {0};
+    int peer = rank_of(b, args[1], 1);
+    int got = peer < 0 ? 0 : arr_take(x, kind == RECV, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    Call c = {kind, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1],
+              kind == SEND ? Py_None : x, kind == SEND ? x : Py_None,
+              kind == SEND ? Py_None : x, elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None,
+              peer, 0};
+    c.async_op = PyObject_IsTrue(args[2]);
+    Py_INCREF(types);
+    arr_free(&a);
+    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
+    Py_DECREF(types);
+    return result;
+}
+
+PyObject *CallBooks_send(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    return point_to_point_call(b, args, nargs, SEND);
+}
+
+PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    return point_to_point_call(b, args, nargs, RECV);
+}
+
+/* barrier(async_op) */
+PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op)
+{
+    Call c = {BARRIER, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, 0,
+              Py_None, Py_None, 0, 0};
+    c.async_op = PyObject_IsTrue(async_op);
+    return c.async_op < 0 ? NULL : run(b, &c);
+}
+
