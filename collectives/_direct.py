@@ -1,16 +1,16 @@
 """The direct path: every verb on NumPy arrays on the MPI backend, synchronous or not, from
 the argument checks to the completed call (or its ``Work``), for the calls that need least.
 
-Each verb here checks its arguments and hands the call, as one MPI call of a kind
-(:data:`KINDS`) on buffers and handles, to ``CallBooks.run`` (``_callbooks.c``), which does
-in C what :meth:`Communicator._run` does, with the same books: the thread token, numbering,
-check mode, progress board, a flight-recorder :class:`~._books.Entry`; then two stateless
-primitives: ``post`` makes the MPI call and gives its request, and ``poll`` tests that
-request, the GIL released, for up to ``yield_after``. A call that lasts longer is handed to
-the books' ``wait_long``, which waits on it as a ``Pending`` under the timeout; a call made
-with ``async_op=True``, or inside ``comm.group()``, is handed to the books' ``later``, which
-gives its ``Work`` or holds it until the block ends. ``all_reduce`` and ``broadcast``, the
-busiest, have their checks in C as well (``CallBooks.all_reduce``, ``CallBooks.broadcast``).
+Each verb is ``CallBooks.<verb>`` (``_callbooks_verbs.c``): it checks its arguments in C and
+hands the call, as one MPI call of a kind (:data:`KINDS`) on buffers and handles, to the
+books' ``run`` (``_callbooks_run.c``), which does in C what :meth:`Communicator._run` does,
+with the same books: the thread token, numbering, check mode, progress board, a
+flight-recorder :class:`~._books.Entry`; then two stateless primitives: ``post`` makes the
+MPI call and gives its request, and ``poll`` tests that request, the GIL released, for up to
+``yield_after``. A call that lasts longer is handed to the books' ``wait_long``, which waits
+on it as a ``Pending`` under the timeout; a call made with ``async_op=True``, or inside
+``comm.group()``, is handed to the books' ``later``, which gives its ``Work`` or holds it
+until the block ends. The functions below are those methods, named as the verbs.
 Anything unusual (another type, dtype, op or layout, overlapping arrays, a bad root or peer,
 a count above what one MPI call takes, another thread holding the communicator) returns
 ``NotImplemented`` before any bookkeeping, and the general path runs the call or names the
