@@ -259,6 +259,19 @@ static PyObject *finish(PyObject *result, Arr *a, Arr *o)
     return result;
 }
 
+/* The end of every verb that took its arrays: they are let go (the call holds them), then
+ * the call runs, async_op read from `flag`; `made_out`, an array made here, is let go after. */
+static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr *o,
+                             PyObject *made_out)
+{
+    c->async_op = PyObject_IsTrue(flag);
+    arr_free(o);
+    arr_free(a);
+    PyObject *result = c->async_op < 0 ? NULL : run(b, c);
+    Py_XDECREF(made_out);
+    return result;
+}
+
 /* reduce(x, root, op, out, async_op) */
 PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -285,10 +298,7 @@ PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
     Call c = {REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), args[1],
               mine ? result : x, send, result, elements(&a.v), PyTuple_GET_ITEM(types, 1),
               PyTuple_GET_ITEM(ops, 1), root, 0};
-    c.async_op = PyObject_IsTrue(args[4]);
-    arr_free(&o);
-    arr_free(&a);
-    return c.async_op < 0 ? NULL : run(b, &c);
+    return run_checked(b, &c, args[4], &a, &o, NULL);
 }
 
 /* all_gather(x, out, async_op) */
@@ -321,12 +331,7 @@ PyObject *CallBooks_all_gather(CallBooks *b, PyObject *const *args, Py_ssize_t n
     }
     Call c = {ALL_GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
               elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0};
-    c.async_op = PyObject_IsTrue(args[2]);
-    arr_free(&o);
-    arr_free(&a);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_XDECREF(made_out);
-    return result;
+    return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
 /* reduce_scatter(x, op, out, async_op) */
@@ -356,12 +361,7 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
     Call c = {REDUCE_SCATTER, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0),
               Py_None, out, x, out, elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1),
               PyTuple_GET_ITEM(ops, 1), 0, 0};
-    c.async_op = PyObject_IsTrue(args[3]);
-    arr_free(&o);
-    arr_free(&a);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_XDECREF(made_out);
-    return result;
+    return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
 /* all_to_all(x, out, async_op) */
@@ -388,12 +388,7 @@ PyObject *CallBooks_all_to_all(CallBooks *b, PyObject *const *args, Py_ssize_t n
     }
     Call c = {ALL_TO_ALL, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
               elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0};
-    c.async_op = PyObject_IsTrue(args[2]);
-    arr_free(&o);
-    arr_free(&a);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_XDECREF(made_out);
-    return result;
+    return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
 /* gather(x, root, out, async_op) */
@@ -429,12 +424,7 @@ PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
     }
     Call c = {GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out, send, out,
               elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
-    c.async_op = PyObject_IsTrue(args[3]);
-    arr_free(&o);
-    arr_free(&a);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_XDECREF(made_out);
-    return result;
+    return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
 /* scatter(x, root, out, async_op) */
@@ -486,14 +476,7 @@ PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t narg
     long long count = elements(x != Py_None ? &a.v : &o.v) / (x != Py_None ? b->size : 1);
     Call c = {SCATTER, mine ? x : out, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out,
               mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
-    c.async_op = PyObject_IsTrue(args[3]);
-    Py_INCREF(types); /* held past the arrays' buffers */
-    arr_free(&o);
-    arr_free(&a);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_DECREF(types);
-    Py_XDECREF(made_out);
-    return result;
+    return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
 /* send or recv: (x, peer, async_op) */
@@ -514,12 +497,7 @@ static PyObject *point_to_point_call(CallBooks *b, PyObject *const *args, Py_ssi
               kind == SEND ? Py_None : x, kind == SEND ? x : Py_None,
               kind == SEND ? Py_None : x, elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None,
               peer, 0};
-    c.async_op = PyObject_IsTrue(args[2]);
-    Py_INCREF(types);
-    arr_free(&a);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_DECREF(types);
-    return result;
+    return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
 PyObject *CallBooks_send(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
