@@ -14,10 +14,10 @@ The books are written once, in C (``_callbooks.c``, always built: this module do
 them and hands them their Python parts). Two paths use them: the general one
 (``Communicator._run``, every call: ``take``, :meth:`CallBooks.number`, a backend's
 ``Pending`` as the entry, ``give``) and the direct path (:mod:`._direct`, the calls of NumPy
-arrays on the MPI backend that need least), whose checked call ``CallBooks.run`` does steps
-1 to 5 in C: ``begin`` numbers it and appends an :class:`Entry`, and its MPI call is posted
-and polled by stateless primitives (``_fastmpi.c`` where it built, mpi4py otherwise) that are
-handed buffers and handles and read no Python object.
+arrays on the MPI backend that need least), whose verbs (``CallBooks.all_reduce``, ...)
+check a call and do steps 1 to 5 in C: ``begin`` numbers it and appends an :class:`Entry`,
+and its MPI call is posted and polled by stateless primitives (``_fastmpi.c`` where it built,
+mpi4py otherwise) that are handed buffers and handles and read no Python object.
 
 An :class:`Entry` has named fields ``seq, call, shape, dtype, start, end`` (``end`` 0.0 until
 it completes): a ``Pending`` is made from it only when someone reads the recorder

@@ -295,11 +295,6 @@ static PyMethodDef books_methods[] = {
      "forget_board(): let go of the progress board (before it is closed)"},
     {"number", (PyCFunction)(void (*)(void))CallBooks_number, METH_FASTCALL,
      "number(call, array, name, op, root) -> seq: number one call (check mode may verify)"},
-    {"begin", (PyCFunction)(void (*)(void))CallBooks_begin, METH_FASTCALL,
-     "begin(call, array, name, op, root) -> Entry: number() and a recorder entry"},
-    {"run", (PyCFunction)(void (*)(void))CallBooks_run, METH_FASTCALL,
-     "run(kind, array, name, op, root, result, send, recv, count, datatype, mpi_op, async_op)"
-     " -> result, its Work, or NotImplemented"},
     {"all_reduce", (PyCFunction)(void (*)(void))CallBooks_all_reduce, METH_FASTCALL,
      "all_reduce(x, op, out, async_op) -> the result, its Work, or NotImplemented"},
     {"broadcast", (PyCFunction)(void (*)(void))CallBooks_broadcast, METH_FASTCALL,

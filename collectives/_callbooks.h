@@ -76,8 +76,6 @@ PyObject *run(CallBooks *b, const Call *c);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);
 PyObject *CallBooks_give(CallBooks *b, PyObject *unused);
 PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
-PyObject *CallBooks_begin(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
-PyObject *CallBooks_run(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
 
 /* _callbooks_verbs.c: each verb's checks, then run() */
 PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);

@@ -94,18 +94,18 @@ PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
     return seq < 0 ? NULL : PyLong_FromLongLong(seq);
 }
 
-PyObject *CallBooks_begin(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "begin(call, array, name, op, root)");
-        return NULL;
-    }
-    int p2p = is_p2p(args[0]);
-    return p2p < 0 ? NULL : begin(b, args[0], p2p, args[1], args[2], args[3], args[4]);
-}
-
 /* ------------------------------------------------------------------------ one call, run */
 
+/* Sets mpi4py's MPI.Exception of the MPI error code `rc`; NULL. */
+static PyObject *mpi_error_of(int rc)
+{
+    PyObject *code = PyLong_FromLong(rc);
+    if (code != NULL) {
+        PyErr_SetObject(mpi_exception, code);
+        Py_DECREF(code);
+    }
+    return NULL;
+}
 
 /* A handle as mpi4py gives it (None: a call that takes none, e.g. a broadcast's op). */
 static unsigned long long handle_of(PyObject *value, int *failed)
@@ -139,7 +139,6 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long l
         Py_XDECREF(args[0]);
         Py_XDECREF(args[5]);
         Py_XDECREF(args[8]);
-        *request = r == Py_None ? 0 : 1;
         return r;
     }
     int failed[3];
@@ -173,14 +172,8 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long l
         PyBuffer_Release(&sv);
     if (rv.obj != NULL)
         PyBuffer_Release(&rv);
-    if (rc != 0) {
-        PyObject *code = PyLong_FromLong(rc);
-        if (code != NULL) {
-            PyErr_SetObject(mpi_exception, code);
-            Py_DECREF(code);
-        }
-        return NULL;
-    }
+    if (rc != 0)
+        return mpi_error_of(rc);
     if (blocking)
         Py_RETURN_NONE;
     return PyLong_FromUnsignedLongLong(*request);
@@ -205,11 +198,7 @@ static int poll(CallBooks *b, PyObject **request_obj, unsigned long long *reques
     rc = primitives->poll(request, yield_after, &done);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
-        PyObject *code = PyLong_FromLong(rc);
-        if (code != NULL) {
-            PyErr_SetObject(mpi_exception, code);
-            Py_DECREF(code);
-        }
+        mpi_error_of(rc);
         return -1;
     }
     if (!done) { /* the request as MPI_Test left it, for the wait that goes on */
@@ -304,36 +293,3 @@ PyObject *run(CallBooks *b, const Call *c)
     }
     return result;
 }
-
-/* run(kind, array, name, op, root, result, send, recv, count, datatype, mpi_op, async_op) */
-PyObject *CallBooks_run(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "run takes 12 arguments");
-        return NULL;
-    }
-    Call c = {0};
-    c.kind = PyLong_AsLong(args[0]);
-    c.array = args[1];
-    c.name = args[2];
-    c.op = args[3];
-    c.root = args[4];
-    c.root_rank = args[4] == Py_None ? 0 : PyLong_AsLong(args[4]);
-    c.result = args[5];
-    c.send = args[6];
-    c.recv = args[7];
-    c.count = PyLong_AsLongLong(args[8]);
-    c.datatype = args[9];
-    c.mpi_op = args[10];
-    c.async_op = PyObject_IsTrue(args[11]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (c.kind < 0 || c.kind >= KINDS || c.count < 0) {
-        PyErr_SetString(PyExc_ValueError, "run: no such kind, or a negative count");
-        return NULL;
-    }
-    if (primitives != NULL && c.count > primitives->count_max)
-        Py_RETURN_NOTIMPLEMENTED; /* a count this ABI's calls cannot take: the general path's */
-    return run(b, &c);
-}
-

@@ -5,22 +5,7 @@
  * collectives._callbooks. */
 #include "_callbooks.h"
 
-/* ------------------------------------------- the two busiest verbs, their checks in C */
-
-/* A C-contiguous buffer of `array` (writable if asked), or 0 with no error set. */
-static int take_buffer(PyObject *array, Py_buffer *view, int writable)
-{
-    if (PyObject_GetBuffer(array, view, PyBUF_ND | (writable ? PyBUF_WRITABLE : 0)) == 0)
-        return 1;
-    PyErr_Clear(); /* not ours to judge: the general path names what is wrong */
-    return 0;
-}
-
-static int same_shape(const Py_buffer *a, const Py_buffer *b)
-{
-    return a->ndim == b->ndim &&
-           (a->ndim == 0 || memcmp(a->shape, b->shape, a->ndim * sizeof(Py_ssize_t)) == 0);
-}
+/* ------------------------------------------------------------- what the verbs share */
 
 static int apart(const Py_buffer *a, const Py_buffer *b)
 {
@@ -33,111 +18,6 @@ static long long elements(const Py_buffer *view)
     return (long long)(view->len / (view->itemsize ? view->itemsize : 1));
 }
 
-/* all_reduce(x, op, out, async_op): _direct.all_reduce, the result or NotImplemented */
-PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "all_reduce(x, op, out, async_op)");
-        return NULL;
-    }
-    PyObject *x = args[0], *op = args[1], *out = args[2];
-    if ((PyObject *)Py_TYPE(x) != ndarray ||
-        !(PyUnicode_CheckExact(op) || (PyObject *)Py_TYPE(op) == reduce_op))
-        Py_RETURN_NOTIMPLEMENTED;
-    int in_place = out == Py_None || out == x;
-    if (!in_place && (PyObject *)Py_TYPE(out) != ndarray)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
-    if (dtype == NULL)
-        return NULL;
-    PyObject *types = PyDict_GetItemWithError(fast_type, dtype); /* borrowed */
-    PyObject *ops = types == NULL ? NULL : PyDict_GetItemWithError(fast_op, op);
-    int same_dtype = 1;
-    if (ops != NULL && !in_place) {
-        PyObject *out_dtype = PyObject_GetAttr(out, s_dtype);
-        if (out_dtype == NULL) {
-            Py_DECREF(dtype);
-            return NULL;
-        }
-        same_dtype = out_dtype == dtype;
-        Py_DECREF(out_dtype);
-    }
-    Py_DECREF(dtype);
-    if (PyErr_Occurred())
-        return NULL;
-    if (ops == NULL || !same_dtype)
-        Py_RETURN_NOTIMPLEMENTED;
-    Py_buffer xb, ob;
-    if (!take_buffer(x, &xb, in_place))
-        Py_RETURN_NOTIMPLEMENTED;
-    int fits = 1;
-    if (!in_place) {
-        if (!take_buffer(out, &ob, 1)) {
-            PyBuffer_Release(&xb);
-            Py_RETURN_NOTIMPLEMENTED;
-        }
-        fits = same_shape(&xb, &ob) && apart(&xb, &ob); /* the general path judges overlap */
-        PyBuffer_Release(&ob);
-    }
-    long long count = elements(&xb);
-    PyBuffer_Release(&xb);
-    if (!fits || count > 2147483647LL)
-        Py_RETURN_NOTIMPLEMENTED; /* (a count above what one call takes: the general path's) */
-    /* the table entries are held: check mode and the recorder run Python in between */
-    Py_INCREF(types);
-    Py_INCREF(ops);
-    Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
-              in_place ? x : out, in_place ? Py_None : x, in_place ? x : out, count,
-              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0};
-    c.async_op = PyObject_IsTrue(args[3]);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_DECREF(types);
-    Py_DECREF(ops);
-    return result;
-}
-
-/* broadcast(x, root, async_op): _direct.broadcast, x or NotImplemented */
-PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "broadcast(x, root, async_op)");
-        return NULL;
-    }
-    PyObject *x = args[0], *root = args[1];
-    if ((PyObject *)Py_TYPE(x) != ndarray || !PyLong_CheckExact(root))
-        Py_RETURN_NOTIMPLEMENTED;
-    int overflow;
-    long long root_rank = PyLong_AsLongLongAndOverflow(root, &overflow);
-    if (overflow || root_rank < 0 || root_rank >= b->size)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
-    if (dtype == NULL)
-        return NULL;
-    PyObject *types = PyDict_GetItemWithError(fast_type, dtype);
-    Py_DECREF(dtype);
-    if (types == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    Py_buffer xb;
-    if (!take_buffer(x, &xb, root_rank != b->rank)) /* the root only reads x */
-        Py_RETURN_NOTIMPLEMENTED;
-    long long count = elements(&xb);
-    PyBuffer_Release(&xb);
-    if (count > 2147483647LL)
-        Py_RETURN_NOTIMPLEMENTED;
-    Py_INCREF(types);
-    Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, root, x, Py_None, x, count,
-              PyTuple_GET_ITEM(types, 1), Py_None, (int)root_rank, 0};
-    c.async_op = PyObject_IsTrue(args[2]);
-    PyObject *result = c.async_op < 0 ? NULL : run(b, &c);
-    Py_DECREF(types);
-    return result;
-}
-
-/* ------------------------------------------------- the other verbs, their checks in C */
-
 /* An array as the direct path takes it: a C-contiguous NumPy array of at most LARGE
  * elements, its buffer held (writable where asked) and its dtype. */
 typedef struct {
@@ -145,7 +25,9 @@ typedef struct {
     Py_buffer v;
 } Arr;
 
-#define LARGE 2147483647LL /* elements above which a call is the general path's (its parts) */
+/* elements above which a call is the general path's, in parts: Open MPI 5's calls take int
+ * counts (it has no large-count ones), and one bound serves both ABIs */
+#define LARGE 2147483647LL
 
 static void arr_free(Arr *a)
 {
@@ -270,6 +152,50 @@ static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr 
     PyObject *result = c->async_op < 0 ? NULL : run(b, c);
     Py_XDECREF(made_out);
     return result;
+}
+
+/* all_reduce(x, op, out, async_op) */
+PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("all_reduce(x, op, out, async_op)", nargs, 4) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[2];
+    Arr a = {0}, o = {0};
+    PyObject *ops = op_of(args[1]);
+    if (ops == NULL)
+        return PyErr_Occurred() ? NULL : finish(NOT_OURS, &a, &o);
+    int in_place = out == Py_None || out == x;
+    int got = arr_take(x, in_place, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    if (!in_place) { /* a twin apart from x (the general path judges overlap) */
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim, a.v.shape) || !apart(&a.v, &o.v))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+    }
+    PyObject *result = in_place ? x : out;
+    Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
+              result, in_place ? Py_None : x, result, elements(&a.v),
+              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0};
+    return run_checked(b, &c, args[3], &a, &o, NULL);
+}
+
+/* broadcast(x, root, async_op) */
+PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("broadcast(x, root, async_op)", nargs, 3) < 0)
+        return NULL;
+    PyObject *x = args[0];
+    Arr a = {0}, o = {0};
+    int root = rank_of(b, args[1], 0);
+    int got = root < 0 ? 0 : arr_take(x, root != b->rank, &a); /* the root only reads x */
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], x, Py_None, x,
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
+    return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
 /* reduce(x, root, op, out, async_op) */

@@ -17,7 +17,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <time.h>
@@ -27,13 +26,11 @@
 #ifdef FASTMPI_POINTER_HANDLES
 typedef intptr_t Handle; /* MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request: pointers */
 typedef int Count;       /* the count of the calls without _c */
-#define COUNT_MAX INT_MAX
 #define MODULE_NAME "collectives._fastmpi_ompi"
 #define MODULE_INIT PyInit__fastmpi_ompi
 #else
 typedef int Handle;      /* MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request */
 typedef long long Count; /* MPI_Count */
-#define COUNT_MAX LLONG_MAX
 #define MODULE_NAME "collectives._fastmpi"
 #define MODULE_INIT PyInit__fastmpi
 #endif
@@ -176,7 +173,7 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
     return rc;
 }
 
-static const Primitives primitives = {post, poll, (long long)COUNT_MAX};
+static const Primitives primitives = {post, poll};
 
 /* setup(addresses, in_place, tag): addresses are the non-blocking calls of each kind, then
  * the blocking call of each kind, then MPI_Test. */

@@ -24,8 +24,6 @@ typedef struct {
      * `yield_after` have passed (*done 0): busy for `yield_after`, then yielding the core
      * after each test. The MPI error code, or 0. Touches no Python object. */
     int (*poll)(unsigned long long *request, double yield_after, int *done);
-    /* the largest count one call of this ABI takes */
-    long long count_max;
 } Primitives;
 
 #endif
