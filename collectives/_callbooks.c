@@ -9,8 +9,9 @@
  * does all of it here: the token, begin() (number() and a flight-recorder Entry with named
  * fields), the MPI call through the primitives (_fastmpi.c's C functions where they built,
  * _direct.py's on mpi4py otherwise), the poll, and the entry's end. A call that outlasts
- * `yield_after` goes to the books' `wait_long`, one that completes later (async_op, or inside
- * comm.group()) to `later`, both Python, both under the timeout (_deadline.py).
+ * `yield_after` goes to the books' `wait_long`, one made with async_op=True gives a Work
+ * (_callbooks_work.c), one inside comm.group() goes to `later`; the long waits are Python,
+ * under the timeout (_deadline.py).
  *
  * Each verb of the direct path checks its arguments in C too (CallBooks.all_reduce, ...,
  * _callbooks_verbs.c) and calls run() (_callbooks_run.c); this file has the types and the
@@ -177,11 +178,17 @@ static PyObject *CallBooks_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         return NULL;
     PyObject **objects[] = {&b->slots,   &b->inside,  &b->checker, &b->recorder,
                             &b->wait_long, &b->pending, &b->mpi_error, &b->later,
-                            &b->handle};
+                            &b->handle, &b->front};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         Py_INCREF(Py_None);
         *objects[i] = Py_None;
     }
+    b->in_flight = PySet_New(NULL);
+    if (b->in_flight == NULL) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    b->reap_at = REAP_AT;
     return (PyObject *)b;
 }
 
@@ -196,6 +203,8 @@ static int CallBooks_traverse(CallBooks *b, visitproc visit, void *arg)
     Py_VISIT(b->mpi_error);
     Py_VISIT(b->later);
     Py_VISIT(b->handle);
+    Py_VISIT(b->front);
+    Py_VISIT(b->in_flight);
     return 0;
 }
 
@@ -208,6 +217,8 @@ static int CallBooks_clear(CallBooks *b)
     Py_CLEAR(b->later);
     Py_CLEAR(b->handle);
     Py_CLEAR(b->recorder);
+    Py_CLEAR(b->front);
+    Py_CLEAR(b->in_flight);
     return 0;
 }
 
@@ -249,6 +260,14 @@ static PyObject *get_inside(CallBooks *b, void *unused)
     return b->inside;
 }
 
+static PyObject *get_in_flight(CallBooks *b, void *unused)
+{
+    (void)unused;
+    if (b->in_flight == NULL)
+        Py_RETURN_NONE;
+    return PyFrozenSet_New(b->in_flight);
+}
+
 static PyObject *get_busy(CallBooks *b, void *unused)
 {
     (void)unused;
@@ -259,6 +278,8 @@ static PyGetSetDef books_getset[] = {
     {"slots", (getter)get_slots, NULL, "the progress board's words (int64)", NULL},
     {"inside", (getter)get_inside, NULL, "the board's inside words, or None", NULL},
     {"busy", (getter)get_busy, NULL, "whether a call holds the communicator (the token)", NULL},
+    {"in_flight", (getter)get_in_flight, NULL,
+     "the direct path's Works not yet complete (a frozenset of them)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -283,6 +304,7 @@ static PyMemberDef books_members[] = {
     M(mpi_error, T_OBJECT, 0, "mpi_error(call, error): raises it as the front end's error"),
     M(later, T_OBJECT, 0, "later(request, entry, arrays, result, async_op)"),
     M(handle, T_OBJECT, 0, "the direct path's MPI communicator, as the primitives take it"),
+    M(front, T_OBJECT, 0, "the Communicator, whose waits finish a Work past the direct path"),
     {NULL, 0, 0, 0, NULL},
 };
 #undef M
@@ -291,6 +313,8 @@ static PyMethodDef books_methods[] = {
     {"take", (PyCFunction)CallBooks_take, METH_O,
      "take(call): take the token, or raise CommunicatorStateError naming call"},
     {"give", (PyCFunction)CallBooks_give, METH_NOARGS, "give(): give the token back"},
+    {"hand_over", (PyCFunction)CallBooks_hand_over, METH_NOARGS,
+     "hand_over(): every direct-path call in flight to the backend, as its Pending"},
     {"forget_board", (PyCFunction)CallBooks_forget_board, METH_NOARGS,
      "forget_board(): let go of the progress board (before it is closed)"},
     {"number", (PyCFunction)(void (*)(void))CallBooks_number, METH_FASTCALL,
@@ -410,15 +434,17 @@ PyMODINIT_FUNC PyInit__callbooks(void)
         if (*names[i].name == NULL)
             return NULL;
     }
-    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&CallBooksType) < 0)
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&CallBooksType) < 0 || work_ready() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&EntryType);
     Py_INCREF(&CallBooksType);
+    Py_INCREF(&WorkType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0 ||
-        PyModule_AddObject(m, "CallBooks", (PyObject *)&CallBooksType) < 0) {
+        PyModule_AddObject(m, "CallBooks", (PyObject *)&CallBooksType) < 0 ||
+        PyModule_AddObject(m, "Work", (PyObject *)&WorkType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -59,6 +59,9 @@ typedef struct {
     long long *slot_word, *inside_word;
     Py_buffer slots_view, inside_view;
     PyObject *checker, *recorder, *wait_long, *pending, *mpi_error, *later, *handle;
+    PyObject *front;     /* the Communicator: a Work's waits past the direct path are its */
+    PyObject *in_flight; /* the direct path's Works not yet complete (a set) */
+    Py_ssize_t reap_at;  /* in_flight's size at which those complete are looked for */
 } CallBooks;
 
 /* One checked direct-path call (the arguments of run()). */
@@ -73,6 +76,8 @@ typedef struct {
 
 /* _callbooks_run.c */
 PyObject *run(CallBooks *b, const Call *c);
+int poll_call(CallBooks *b, double yield_after, PyObject **request_obj, unsigned long long *request);
+PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);
 PyObject *CallBooks_give(CallBooks *b, PyObject *unused);
 PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
@@ -89,5 +94,13 @@ PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t narg
 PyObject *CallBooks_send(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
 PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
 PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op);
+
+/* _callbooks_work.c: the Work of a call made with async_op=True */
+extern PyTypeObject WorkType;
+PyObject *direct_work(CallBooks *b, PyObject *request_obj, unsigned long long request,
+                      PyObject *entry, PyObject *arrays, PyObject *result);
+PyObject *CallBooks_hand_over(CallBooks *b, PyObject *unused);
+int work_ready(void);
+#define REAP_AT 64 /* in_flight's size from which Works complete are looked for */
 
 #endif

@@ -179,11 +179,13 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long l
     return PyLong_FromUnsignedLongLong(*request);
 }
 
-/* Polls the request for yield_after: 1 done, 0 not yet, -1 an error set. */
-static int poll(CallBooks *b, PyObject **request_obj, unsigned long long *request)
+/* Polls the request for yield_after seconds (below 0: tests it once): 1 done, 0 not yet, -1
+ * an error set. */
+int poll_call(CallBooks *b, double yield_after, PyObject **request_obj, unsigned long long *request)
 {
+    (void)b;
     if (primitives == NULL) {
-        PyObject *y = PyFloat_FromDouble(b->yield_after);
+        PyObject *y = PyFloat_FromDouble(yield_after);
         PyObject *r = y == NULL ? NULL : PyObject_CallFunctionObjArgs(py_poll, *request_obj, y, NULL);
         Py_XDECREF(y);
         if (r == NULL)
@@ -193,7 +195,6 @@ static int poll(CallBooks *b, PyObject **request_obj, unsigned long long *reques
         return done;
     }
     int rc, done = 0;
-    double yield_after = b->yield_after;
     Py_BEGIN_ALLOW_THREADS
     rc = primitives->poll(request, yield_after, &done);
     Py_END_ALLOW_THREADS
@@ -242,13 +243,15 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     PyObject *arrays = PyTuple_Pack(2, c->send, c->recv);
     if (arrays == NULL)
         goto done;
-    if (later) {
+    if (later && !b->grouped) {
+        result = direct_work(b, request_obj, request, entry, arrays, c->result);
+    } else if (later) {
         PyObject *async_flag = c->async_op ? Py_True : Py_False;
         result = PyObject_CallFunctionObjArgs(b->later, request_obj, entry, arrays, c->result,
                                               async_flag, NULL);
     } else {
         /* polling failed: the call was posted, so its entry stays, never completed */
-        int done = request_obj == Py_None ? 1 : poll(b, &request_obj, &request);
+        int done = request_obj == Py_None ? 1 : poll_call(b, b->yield_after, &request_obj, &request);
         if (done == 0) {
             PyObject *r = PyObject_CallFunctionObjArgs(b->wait_long, request_obj, entry, arrays,
                                                        NULL);
@@ -268,6 +271,25 @@ done:
     return result;
 }
 
+/* Hands the MPI error being raised to books.mpi_error, which raises it as the front end's
+ * error, the communicator dead (the call's name says which call failed): NULL. Other errors
+ * pass as they are. */
+PyObject *raise_mpi_error(CallBooks *b, PyObject *call)
+{
+    if (!PyErr_ExceptionMatches(mpi_exception))
+        return NULL;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL)
+        PyException_SetTraceback(value, traceback);
+    PyObject *r = PyObject_CallFunctionObjArgs(b->mpi_error, call, value, NULL);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return r; /* it raises: NULL */
+}
+
 /* The thread guards around post_and_wait; an MPI error is handed to books.mpi_error once
  * the token is back (the communicator dies of it). NotImplemented: not the owner thread, or
  * the token is taken: the general path refuses the call, or says so. */
@@ -279,17 +301,5 @@ PyObject *run(CallBooks *b, const Call *c)
     b->busy = 1;
     PyObject *result = post_and_wait(b, c, call);
     b->busy = 0;
-    if (result == NULL && PyErr_ExceptionMatches(mpi_exception)) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        if (traceback != NULL)
-            PyException_SetTraceback(value, traceback);
-        PyObject *r = PyObject_CallFunctionObjArgs(b->mpi_error, call, value, NULL);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-        return r; /* it raises: NULL */
-    }
-    return result;
+    return result != NULL ? result : raise_mpi_error(b, call);
 }

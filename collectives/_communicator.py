@@ -136,6 +136,7 @@ class Communicator(Lifecycle):
         # or dead.
         self._direct: CallBooks | None = None
         books.later, books.mpi_error = self._direct_later, self._mpi_error
+        books.front = self  # a direct-path Work's wait past its poll is this front end's
         if not self._track and impl.direct_path(books):
             self._direct = books
         self._fast = self._direct
@@ -480,8 +481,8 @@ class Communicator(Lifecycle):
     def _direct_later(
         self, request: Any, entry: Entry, args: tuple, result: Any, async_op: bool
     ) -> Any:
-        """A direct-path call that completes later (``books.later``): made with
-        ``async_op=True`` (its ``Work``), or inside :meth:`group` (held until the block ends)."""
+        """A direct-path call inside :meth:`group` (``books.later``): held until the block
+        ends (its ``Work`` too, with ``async_op=True``)."""
         pending = self._books.pending(request, entry, args)
         group = self._group
         if group is not None:

@@ -161,6 +161,8 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
     double start = now(), waited = 0.0;
     *done = 0;
     while ((rc = mpi_test(&request, done, status)) == 0 && !*done) {
+        if (yield_after < 0) /* one test */
+            break;
         if (waited > yield_after) { /* yield after each test, for a while */
             sched_yield();
             if ((waited = now() - start) > yield_after + HAND_BACK)

@@ -104,6 +104,8 @@ class MpiBackend:
         #: calls were left in flight at a close or abort: the MPI communicator is not freed
         self.unfinished = False
         self._context: BackendContext | None = None
+        #: the books whose direct path runs on this communicator (``direct_path``), or None
+        self._books: CallBooks | None = None
 
     #: an MPI backend fails through the front end only (a timeout, an MPI error)
     failure: CollectivesError | None = None
@@ -128,6 +130,7 @@ class MpiBackend:
         assert self._context is not None  # attached by the front end first
         books.handle, books.blocking = _direct.handle(self.comm), self.blocking
         books.wait_long, books.pending = self._wait_long, self._direct_pending
+        self._books = books
         if self.blocking:
             WATCHDOG.watch(self._context)
         return True
@@ -143,7 +146,12 @@ class MpiBackend:
         pending = MpiPending(_direct.request(request), args, self.in_flight)
         pending.info = (entry.seq, entry.call, entry.shape, entry.dtype)
         pending.start = entry.start
-        context.recorder[-1] = pending  # its state, "timed out" included, is the recorder's
+        # its state, "timed out" included, is the recorder's: the last entry but for a Work's
+        recorder = context.recorder
+        for i in range(-1, -len(recorder) - 1, -1):
+            if recorder[i] is entry:
+                recorder[i] = pending
+                break
         return pending
 
     def _wait_long(self, request: Any, entry: Entry, args: tuple) -> None:
@@ -393,6 +401,8 @@ class MpiBackend:
         completes is abandoned by the close instead)."""
         context = self._context
         assert context is not None
+        if self._books is not None:
+            self._books.hand_over()  # the direct path's Works, as pendings in in_flight
         for pending in list(self.in_flight):
             try:
                 context.synchronize(pending)
@@ -404,4 +414,6 @@ class MpiBackend:
 
     def abort(self) -> None:
         # What MPI has not finished keeps its arrays, and its communicator (see ``unfinished``).
+        if self._books is not None:
+            self._books.hand_over()
         self.unfinished = abandon(self.in_flight) > 0 or self.unfinished

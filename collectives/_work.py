@@ -1,4 +1,16 @@
-"""Handles for operations in flight: what a backend returns and what ``async_op`` users hold."""
+"""Handles for operations in flight: what a backend returns (a ``Pending``) and what
+``async_op`` users hold (a ``Work``).
+
+``Work`` is a C type (``_callbooks_work.c``): ``Work(comm, pending, result)`` is the general
+path's, whose ``wait()`` / ``synchronize()`` are ``comm._wait(pending)`` /
+``comm._synchronize(pending)``; the direct path makes its own, which polls its MPI request in
+C and hands it to the backend as a ``Pending`` only if it outlasts that poll.
+
+Example:
+    >>> work = comm.all_reduce(grad, async_op=True)
+    >>> ...                       # overlap other work
+    >>> work.wait()               # grad now holds the sum
+"""
 
 from __future__ import annotations
 
@@ -8,6 +20,7 @@ import time
 from typing import Any, Callable
 
 from . import _timeline
+from ._callbooks import Work
 from ._deadline import overdue
 from ._dtypes import STORAGE
 from ._errors import CollectiveTimeoutError
@@ -150,51 +163,4 @@ def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeo
     )
 
 
-class Work:
-    """The result of a call made with ``async_op=True``.
-
-    Example:
-        >>> work = comm.all_reduce(grad, async_op=True)
-        >>> ...                       # overlap other work
-        >>> work.wait()               # grad now holds the sum
-    """
-
-    __slots__ = ("_comm", "_pending", "_result")
-
-    def __init__(self, comm: Any, pending: Pending | None, result: Any):
-        self._comm = comm
-        self._pending = pending
-        self._result = result
-
-    def wait(self) -> Any:
-        """Order the caller after the result (NCCL: the current stream; MPI: block). Returns it."""
-        if self._pending is not None and not self._pending.done:
-            self._comm._wait(self._pending)
-        return self._result
-
-    def is_completed(self) -> bool:
-        """True once the operation has finished (never blocks)."""
-        p = self._pending
-        return p is None or p.done or p.test()
-
-    def synchronize(self) -> Any:
-        """Block the host until the operation has finished (the timeout applies). Returns it."""
-        if self._pending is not None and not self._pending.done:
-            self._comm._synchronize(self._pending)
-        return self._result
-
-    @property
-    def event(self) -> Any:
-        """The CUDA event the operation completes with on the NCCL backend, or None (MPI, or
-        a call still held by an open ``comm.group()``).
-
-        Example:
-            >>> work = comm.all_reduce(grad, async_op=True)
-            >>> work.event.synchronize() if work.event is not None else work.wait()
-        """
-        return getattr(self._pending, "event", None)
-
-    @property
-    def result(self) -> Any:
-        """The output array (valid once waited)."""
-        return self._result
+__all__ = ["Pending", "Recorded", "Work", "recorded", "timeout_error"]

@@ -90,11 +90,15 @@ def failing_polls(books):
             _direct.set_up(module, addresses)
         return
 
-    class Failing:
+    class Failing:  # once, as the C test function fails while it is set up
         def __init__(self, request):
             self.request = request
+            self.failed = False
 
         def Test(self):
+            if self.failed:
+                return self.request.Test()
+            self.failed = True
             raise MPI.Exception(MPI.ERR_OTHER)
 
     comm_handle = books.handle
@@ -121,6 +125,9 @@ with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as com
     comm.all_gather(x)
     comm.reduce(x, 0, "min")
     comm.all_reduce(x, async_op=True).wait()
+    work = comm.all_gather(x, async_op=True)  # waited for after a later call
+    comm.broadcast(x)
+    work.wait()
     # MPI errors straight from the direct path (the communicator's mpi_error would turn them
     # into a CollectivesError and declare itself dead)
     def raise_it(call, error):
@@ -133,12 +140,18 @@ with col.init(backend="mpi", check=True, mpi_blocking=sys.argv[1] == "1") as com
     except MPI.Exception:
         pass
     books.handle = handle
-    if not books.blocking:  # blocking calls are not polled
-        with failing_polls(books):
+    with failing_polls(books):
+        if not books.blocking:  # blocking calls are not polled
             try:
                 _direct.all_reduce(books, x, "sum", None)
             except MPI.Exception:
                 pass
+        work = _direct.all_reduce(books, x, "sum", None, True)
+        try:
+            work.wait()
+        except MPI.Exception:
+            pass
+        assert not books.in_flight  # handed to the backend, which keeps its arrays
     comm.barrier()
     record = [[c[k] for k in ("seq", "call", "shape", "dtype", "state")] for c in comm.flight_record()]
     print(json.dumps([books.seq, books.p2p, books.slots[books.slot], books.busy, record]))
@@ -163,14 +176,16 @@ def test_the_c_and_python_direct_paths_keep_the_same_books(blocking):
     assert said[0] == said[1]
     seq, p2p, board, busy, record = json.loads(said[0])
     polled = blocking == "0"
-    assert (seq, p2p, board, busy) == (10 + polled, 0, 10 + polled, False)
-    # 9, the broadcast that failed to post, is not in flight; 10, the all_reduce whose poll
-    # failed, was posted: it stays, never completed
+    assert (seq, p2p, board, busy) == (13 + polled, 0, 13 + polled, False)
+    # 11, the broadcast that failed to post, is not in flight; 12 (polled only) and the
+    # async all_reduce after it, whose polls failed, were posted: they stay, never completed
     expected = [(1, "all_reduce"), (2, "all_reduce"), (3, "broadcast"), (4, "all_reduce")]
     expected += [(5, "all_reduce"), (6, "all_gather"), (7, "reduce"), (8, "all_reduce")]
-    expected += [(10, "all_reduce")] * polled + [(10 + polled, "barrier")]
+    expected += [(9, "all_gather"), (10, "broadcast")]
+    expected += [(12, "all_reduce")] * polled + [(12 + polled, "all_reduce")]
+    expected += [(13 + polled, "barrier")]
     assert [tuple(entry[:2]) for entry in record] == expected
-    assert [entry[4] for entry in record].count("started") == polled
+    assert [entry[4] for entry in record].count("started") == 1 + polled
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.uint64])

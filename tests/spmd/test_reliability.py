@@ -15,6 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
+from collectives._guard import EVERY_CALL_UNTIL
 from tests.short_timeout import init_with_short_timeout
 
 WORLD_SIZES = (2, 3)
@@ -303,6 +304,52 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
     if comm.rank != late:
         assert [c["duration_s"] >= 0.09 for c in record] == [True, True], record
     comm.close()
+
+
+@pytest.mark.numpy_only(reason="the direct path's Work, on NumPy arrays")
+def test_direct_works_that_outlast_their_polls_are_waited_on_in_any_order():
+    comm = col.init("mpi", timeout=30.0, mpi_blocking=False)
+    for _ in range(EVERY_CALL_UNTIL):  # past the calls whose numbers are all compared
+        comm.barrier()
+    late = comm.size - 1  # the rank that arrives 0.1 s after the others
+    x = np.full(3, comm.rank + 1.0)
+    y = np.full(2, float(comm.rank))
+    if comm.rank == late:
+        time.sleep(0.1)
+    first = comm.all_reduce(x, async_op=True)
+    second = comm.broadcast(y, root=late, async_op=True)
+    # the later call first: each outlasts its poll on the others and is handed to the
+    # backend in its own place in the flight recorder
+    assert second.wait() is y and first.wait() is x
+    np.testing.assert_array_equal(x, sum(range(1, comm.size + 1)))
+    np.testing.assert_array_equal(y, late)
+    assert first.is_completed() and second.is_completed() and not comm._books.in_flight
+    record = comm.flight_record()[-2:]
+    assert [(c["call"], c["state"]) for c in record] == [
+        ("all_reduce", "completed"),
+        ("broadcast", "completed"),
+    ]
+    if comm.rank != late:  # each waited for the late rank
+        assert [c["duration_s"] >= 0.09 for c in record] == [True, True], record
+    comm.close()
+
+
+@pytest.mark.numpy_only(reason="the direct path's Work, on NumPy arrays")
+def test_a_direct_work_times_out_naming_its_call():
+    comm = init_with_short_timeout("mpi", 1.0, mpi_blocking=False)
+    x = np.ones(3)
+    comm.barrier()
+    if comm.rank == 0:  # the others never make the call
+        work = comm.all_gather(x, async_op=True)
+        with pytest.raises(col.CollectiveTimeoutError, match=r"all_gather #2 \(shape \(3,\)"):
+            work.wait()
+        assert [c["state"] for c in comm.flight_record()] == ["completed", "timed out"]
+        with pytest.raises(col.CommunicatorStateError, match="unusable after an earlier error"):
+            comm.all_reduce(x)
+        comm.close()  # its all_gather never ends: MPI keeps the arrays and the communicator
+        assert comm._impl.unfinished
+    else:
+        comm.close()
 
 
 @pytest.mark.parametrize("finish", ["wait", "synchronize"])
