@@ -18,6 +18,8 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol, TypeVar
 
+from mpi4py import MPI
+
 from ._errors import CollectivesError, CollectiveTimeoutError
 from ._ops import ReduceOp
 from ._work import Pending, timeout_error
@@ -99,6 +101,21 @@ class BackendContext:
     def wait(self, pending: Pending) -> None:
         """``pending.wait`` under the front end's rules (it raises; it declares nothing)."""
         pending.wait(self.waiter)
+
+    def complete(self, pending: Pending, block: bool = True) -> None:
+        """``pending.synchronize`` (``block``) or ``pending.wait`` under the front end's rules;
+        an error ends the communicator where it must (:attr:`fail`), and an MPI error is
+        raised as the front end's (:attr:`mpi_error`). Every wait that may fail goes here."""
+        try:
+            if block:
+                pending.synchronize(self.waiter)
+            else:
+                pending.wait(self.waiter)
+        except CollectivesError as e:
+            self.fail(e)
+            raise
+        except MPI.Exception as e:
+            self.mpi_error(pending.call, e)
 
     def synchronize(self, pending: Pending) -> None:
         """``pending.synchronize`` under the front end's rules (raises; declares nothing)."""

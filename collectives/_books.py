@@ -21,8 +21,9 @@ mpi4py otherwise) that are handed buffers and handles and read no Python object.
 
 An :class:`Entry` has named fields ``seq, call, shape, dtype, start, end`` (``end`` 0.0 until
 it completes): a ``Pending`` is made from it only when someone reads the recorder
-(:func:`collectives._work.recorded`), when the call outlasts ``yield_after``, or when it
-completes later (made with ``async_op=True``, or inside ``comm.group()``). When posting fails
+(:func:`collectives._work.recorded`), or when the call outlasts ``yield_after`` (its own
+poll's, or the poll of its ``Work``: made with ``async_op=True``, or inside ``comm.group()``,
+it gives a C ``Work`` that polls it when waited on, ``_callbooks_work.c``). When posting fails
 nothing is in flight and the entry is removed; when polling fails (``MPI_Test`` returns
 an error) the call was posted, so its entry stays, never completed, and the MPI error is
 raised. Every wait, the direct path's included, is judged by :func:`._deadline.overdue`.
@@ -77,9 +78,12 @@ _callbooks.configure(POINT_TO_POINT, CommunicatorStateError, IN_USE, MPI.Excepti
 #         direct-path call, put in its entry's place in the recorder (set by the backend).
 #     mpi_error: ``mpi_error(call, error)`` raises an MPI error of a direct-path call as the
 #         front end's ``CollectivesError``, the communicator dead.
-#     later: ``later(request, entry, arrays, result, async_op)``: a direct-path call made
-#         with ``async_op=True`` (its ``Work``) or while ``grouped`` (inside
-#         ``Communicator.group()``, held until the block ends).
+#     grouped, held: inside ``Communicator.group()``, and the ``Work`` of each direct-path
+#         call made there (a list, which the group waits for as it ends; None outside).
+#     front: the ``Communicator``, whose ``_wait``/``_synchronize`` finish a direct-path
+#         ``Work`` handed over as a ``Pending``; in_flight: the direct-path ``Work``s not yet
+#         complete (held so that MPI's arrays outlive a dropped ``Work``; ``hand_over()``
+#         gives them all to the backend before a close or abort).
 #     handle, rank, size, blocking: the direct path's MPI communicator (in the form
 #         ``_direct.handle`` gives), this rank and the size, and whether its synchronous
 #         collectives are blocking MPI calls.

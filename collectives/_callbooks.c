@@ -9,9 +9,9 @@
  * does all of it here: the token, begin() (number() and a flight-recorder Entry with named
  * fields), the MPI call through the primitives (_fastmpi.c's C functions where they built,
  * _direct.py's on mpi4py otherwise), the poll, and the entry's end. A call that outlasts
- * `yield_after` goes to the books' `wait_long`, one made with async_op=True gives a Work
- * (_callbooks_work.c), one inside comm.group() goes to `later`; the long waits are Python,
- * under the timeout (_deadline.py).
+ * `yield_after` goes to the books' `wait_long` (Python, under the timeout: _deadline.py); one
+ * made with async_op=True, or inside comm.group(), gives a Work (_callbooks_work.c), which
+ * a group holds in `held` until it ends.
  *
  * Each verb of the direct path checks its arguments in C too (CallBooks.all_reduce, ...,
  * _callbooks_verbs.c) and calls run() (_callbooks_run.c); this file has the types and the
@@ -177,7 +177,7 @@ static PyObject *CallBooks_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     if (b == NULL)
         return NULL;
     PyObject **objects[] = {&b->slots,   &b->inside,  &b->checker, &b->recorder,
-                            &b->wait_long, &b->pending, &b->mpi_error, &b->later,
+                            &b->wait_long, &b->pending, &b->mpi_error, &b->held,
                             &b->handle, &b->front};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         Py_INCREF(Py_None);
@@ -201,7 +201,7 @@ static int CallBooks_traverse(CallBooks *b, visitproc visit, void *arg)
     Py_VISIT(b->wait_long);
     Py_VISIT(b->pending);
     Py_VISIT(b->mpi_error);
-    Py_VISIT(b->later);
+    Py_VISIT(b->held);
     Py_VISIT(b->handle);
     Py_VISIT(b->front);
     Py_VISIT(b->in_flight);
@@ -214,7 +214,7 @@ static int CallBooks_clear(CallBooks *b)
     Py_CLEAR(b->wait_long);
     Py_CLEAR(b->pending);
     Py_CLEAR(b->mpi_error);
-    Py_CLEAR(b->later);
+    Py_CLEAR(b->held);
     Py_CLEAR(b->handle);
     Py_CLEAR(b->recorder);
     Py_CLEAR(b->front);
@@ -302,7 +302,7 @@ static PyMemberDef books_members[] = {
     M(wait_long, T_OBJECT, 0, "wait_long(request, entry, arrays): the rest of a long wait"),
     M(pending, T_OBJECT, 0, "pending(request, entry, arrays): the backend's Pending"),
     M(mpi_error, T_OBJECT, 0, "mpi_error(call, error): raises it as the front end's error"),
-    M(later, T_OBJECT, 0, "later(request, entry, arrays, result, async_op)"),
+    M(held, T_OBJECT, 0, "inside Communicator.group(): the Works of its direct-path calls"),
     M(handle, T_OBJECT, 0, "the direct path's MPI communicator, as the primitives take it"),
     M(front, T_OBJECT, 0, "the Communicator, whose waits finish a Work past the direct path"),
     {NULL, 0, 0, 0, NULL},

@@ -58,7 +58,7 @@ typedef struct {
     PyObject *slots, *inside; /* the progress board's words (int64), or None */
     long long *slot_word, *inside_word;
     Py_buffer slots_view, inside_view;
-    PyObject *checker, *recorder, *wait_long, *pending, *mpi_error, *later, *handle;
+    PyObject *checker, *recorder, *wait_long, *pending, *mpi_error, *held, *handle;
     PyObject *front;     /* the Communicator: a Work's waits past the direct path are its */
     PyObject *in_flight; /* the direct path's Works not yet complete (a set) */
     Py_ssize_t reap_at;  /* in_flight's size at which those complete are looked for */
@@ -72,11 +72,14 @@ typedef struct {
     long long count;
     PyObject *datatype, *mpi_op; /* handles (C primitives) or mpi4py objects */
     int root_rank, async_op;
+    PyObject *copy_to; /* where recv is copied once complete (an in-place form), or NULL */
 } Call;
 
 /* _callbooks_run.c */
 PyObject *run(CallBooks *b, const Call *c);
-int poll_call(CallBooks *b, double yield_after, PyObject **request_obj, unsigned long long *request);
+int copy_result(PyObject *to, PyObject *from);
+int poll_call(CallBooks *b, double yield_after, PyObject **request_obj,
+              unsigned long long *request);
 PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);
 PyObject *CallBooks_give(CallBooks *b, PyObject *unused);
@@ -98,7 +101,7 @@ PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op);
 /* _callbooks_work.c: the Work of a call made with async_op=True */
 extern PyTypeObject WorkType;
 PyObject *direct_work(CallBooks *b, PyObject *request_obj, unsigned long long request,
-                      PyObject *entry, PyObject *arrays, PyObject *result);
+                      PyObject *entry, PyObject *arrays, const Call *c);
 PyObject *CallBooks_hand_over(CallBooks *b, PyObject *unused);
 int work_ready(void);
 #define REAP_AT 64 /* in_flight's size from which Works complete are looked for */

@@ -30,7 +30,7 @@ class CallBooks:
     wait_long: Callable[[Any, Entry, tuple], None]
     pending: Any
     mpi_error: Any
-    later: Any
+    held: list[Work] | None
     handle: Any
     front: Any
     in_flight: frozenset[Work]

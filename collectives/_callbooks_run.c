@@ -181,12 +181,14 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long l
 
 /* Polls the request for yield_after seconds (below 0: tests it once): 1 done, 0 not yet, -1
  * an error set. */
-int poll_call(CallBooks *b, double yield_after, PyObject **request_obj, unsigned long long *request)
+int poll_call(CallBooks *b, double yield_after, PyObject **request_obj,
+              unsigned long long *request)
 {
     (void)b;
     if (primitives == NULL) {
         PyObject *y = PyFloat_FromDouble(yield_after);
-        PyObject *r = y == NULL ? NULL : PyObject_CallFunctionObjArgs(py_poll, *request_obj, y, NULL);
+        PyObject *r =
+            y == NULL ? NULL : PyObject_CallFunctionObjArgs(py_poll, *request_obj, y, NULL);
         Py_XDECREF(y);
         if (r == NULL)
             return -1;
@@ -209,6 +211,23 @@ int poll_call(CallBooks *b, double yield_after, PyObject **request_obj, unsigned
         Py_SETREF(*request_obj, fresh);
     }
     return done;
+}
+
+/* Copies the complete result `from` into `to` (arrays of one size, C-contiguous, as the
+ * verbs checked them): 0, or -1 with an error set. */
+int copy_result(PyObject *to, PyObject *from)
+{
+    Py_buffer t, f;
+    if (PyObject_GetBuffer(to, &t, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(from, &f, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&t);
+        return -1;
+    }
+    memcpy(t.buf, f.buf, (size_t)(f.len < t.len ? f.len : t.len));
+    PyBuffer_Release(&f);
+    PyBuffer_Release(&t);
+    return 0;
 }
 
 /* Steps 2 to 5 of _books.py once the token is taken: the result (new reference), or NULL. */
@@ -243,22 +262,30 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     PyObject *arrays = PyTuple_Pack(2, c->send, c->recv);
     if (arrays == NULL)
         goto done;
-    if (later && !b->grouped) {
-        result = direct_work(b, request_obj, request, entry, arrays, c->result);
-    } else if (later) {
-        PyObject *async_flag = c->async_op ? Py_True : Py_False;
-        result = PyObject_CallFunctionObjArgs(b->later, request_obj, entry, arrays, c->result,
-                                              async_flag, NULL);
+    if (later) {
+        result = direct_work(b, request_obj, request, entry, arrays, c);
+        if (result != NULL && b->grouped) { /* held until the group ends, which waits for it */
+            if (!PyList_Check(b->held) || PyList_Append(b->held, result) < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "a group without its list of Works");
+                Py_CLEAR(result);
+            } else if (!c->async_op) {
+                Py_INCREF(c->result);
+                Py_SETREF(result, c->result);
+            }
+        }
     } else {
         /* polling failed: the call was posted, so its entry stays, never completed */
-        int done = request_obj == Py_None ? 1 : poll_call(b, b->yield_after, &request_obj, &request);
+        int done = request_obj == Py_None
+                       ? 1
+                       : poll_call(b, b->yield_after, &request_obj, &request);
         if (done == 0) {
             PyObject *r = PyObject_CallFunctionObjArgs(b->wait_long, request_obj, entry, arrays,
                                                        NULL);
             done = r == NULL ? -1 : 1;
             Py_XDECREF(r);
         }
-        if (done > 0) {
+        if (done > 0 && (c->copy_to == NULL || copy_result(c->copy_to, c->recv) == 0)) {
             ((Entry *)entry)->end = now();
             Py_INCREF(c->result);
             result = c->result;

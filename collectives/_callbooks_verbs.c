@@ -177,7 +177,7 @@ PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t n
     PyObject *result = in_place ? x : out;
     Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
               result, in_place ? Py_None : x, result, elements(&a.v),
-              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0};
+              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0, NULL};
     return run_checked(b, &c, args[3], &a, &o, NULL);
 }
 
@@ -194,7 +194,7 @@ PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t na
     if (types == NULL)
         return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
     Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], x, Py_None, x,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL};
     return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
@@ -223,7 +223,7 @@ PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
     PyObject *result = !mine ? Py_None : in_place ? x : out;
     Call c = {REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), args[1],
               mine ? result : x, send, result, elements(&a.v), PyTuple_GET_ITEM(types, 1),
-              PyTuple_GET_ITEM(ops, 1), root, 0};
+              PyTuple_GET_ITEM(ops, 1), root, 0, NULL};
     return run_checked(b, &c, args[4], &a, &o, NULL);
 }
 
@@ -256,7 +256,7 @@ PyObject *CallBooks_all_gather(CallBooks *b, PyObject *const *args, Py_ssize_t n
             return finish(NOT_OURS, &a, &o);
     }
     Call c = {ALL_GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0};
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL};
     return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
@@ -265,7 +265,7 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
 {
     if (check_nargs("reduce_scatter(x, op, out, async_op)", nargs, 4) < 0)
         return NULL;
-    PyObject *x = args[0], *out = args[2], *made_out = NULL;
+    PyObject *x = args[0], *out = args[2], *made_out = NULL, *recv;
     Arr a = {0}, o = {0};
     PyObject *ops = op_of(args[1]);
     if (ops == NULL)
@@ -274,19 +274,27 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
     PyObject *types = got > 0 ? arr_types(&a) : NULL;
     if (types == NULL || a.v.ndim == 0 || a.v.shape[0] != b->size)
         return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    int in_place = 0;
     if (out == Py_None) {
         out = made_out = new_array(a.v.ndim - 1, a.v.shape + 1, a.dtype);
         if (out == NULL)
             return finish(NULL, &a, &o);
     } else {
-        /* the in-place form (out is x[rank]) goes through a copy in the general path */
         got = arr_take(out, 1, &o);
-        if (got <= 0 || !made(&o, &a, a.v.ndim - 1, a.v.shape + 1) || !apart(&a.v, &o.v))
+        if (got <= 0 || !made(&o, &a, a.v.ndim - 1, a.v.shape + 1))
             return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+        /* MPI's in-place form leaves the result in x[0], not x[rank]: out = x[rank] is
+         * reduced into a new array and copied there once complete */
+        in_place = is_slot(&o, &a, b->rank);
+        if (!in_place && !apart(&a.v, &o.v))
+            return finish(NOT_OURS, &a, &o);
     }
+    recv = out;
+    if (in_place && (recv = made_out = new_array(a.v.ndim - 1, a.v.shape + 1, a.dtype)) == NULL)
+        return finish(NULL, &a, &o);
     Call c = {REDUCE_SCATTER, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0),
-              Py_None, out, x, out, elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1),
-              PyTuple_GET_ITEM(ops, 1), 0, 0};
+              Py_None, out, x, recv, elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1),
+              PyTuple_GET_ITEM(ops, 1), 0, 0, in_place ? out : NULL};
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -313,7 +321,7 @@ PyObject *CallBooks_all_to_all(CallBooks *b, PyObject *const *args, Py_ssize_t n
             return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
     }
     Call c = {ALL_TO_ALL, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
-              elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0};
+              elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL};
     return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
@@ -349,7 +357,7 @@ PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
             return finish(NOT_OURS, &a, &o);
     }
     Call c = {GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out, send, out,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL};
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -401,7 +409,7 @@ PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t narg
     }
     long long count = elements(x != Py_None ? &a.v : &o.v) / (x != Py_None ? b->size : 1);
     Call c = {SCATTER, mine ? x : out, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out,
-              mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0};
+              mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL};
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -422,7 +430,7 @@ static PyObject *point_to_point_call(CallBooks *b, PyObject *const *args, Py_ssi
     Call c = {kind, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1],
               kind == SEND ? Py_None : x, kind == SEND ? x : Py_None,
               kind == SEND ? Py_None : x, elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None,
-              peer, 0};
+              peer, 0, NULL};
     return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
@@ -440,7 +448,7 @@ PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
 PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op)
 {
     Call c = {BARRIER, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, 0,
-              Py_None, Py_None, 0, 0};
+              Py_None, Py_None, 0, 0, NULL};
     c.async_op = PyObject_IsTrue(async_op);
     return c.async_op < 0 ? NULL : run(b, &c);
 }

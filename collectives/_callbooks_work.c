@@ -21,6 +21,9 @@ typedef struct {
     CallBooks *books;
     PyObject *request_obj, *entry, *arrays;
     unsigned long long request;
+    /* an in-place form's result, copied to copy_to once complete (whichever kind the Work
+     * is by then); NULL otherwise */
+    PyObject *copy_to, *copy_from;
 } Work;
 
 static PyObject *s_wait, *s_synchronize, *s_test, *s_done, *s_event;
@@ -39,6 +42,7 @@ static Work *work_alloc(PyObject *comm, PyObject *pending, PyObject *result)
     w->books = NULL;
     w->request_obj = w->entry = w->arrays = NULL;
     w->request = 0;
+    w->copy_to = w->copy_from = NULL;
     PyObject_GC_Track(w);
     return w;
 }
@@ -56,9 +60,24 @@ static int let_go(Work *w)
     return rc < 0 ? -1 : 0;
 }
 
-/* The direct-path call has completed: its entry's end, and its arrays let go. */
+/* The result copied where an in-place form asked, once the call has completed: 0, or -1
+ * with an error set. */
+static int copied(Work *w)
+{
+    if (w->copy_to == NULL)
+        return 0;
+    int rc = copy_result(w->copy_to, w->copy_from);
+    Py_CLEAR(w->copy_to);
+    Py_CLEAR(w->copy_from);
+    return rc;
+}
+
+/* The direct-path call has completed: its result where it belongs, its entry's end, and its
+ * arrays let go. */
 static int completed(Work *w)
 {
+    if (copied(w) < 0)
+        return -1;
     ((Entry *)w->entry)->end = now();
     return let_go(w);
 }
@@ -132,6 +151,8 @@ static PyObject *finish(Work *w, PyObject *how)
             Py_DECREF(r);
         }
     }
+    if (copied(w) < 0)
+        return NULL;
     Py_INCREF(w->result);
     return w->result;
 }
@@ -163,7 +184,7 @@ static int is_completed(Work *w)
     PyObject *r = PyObject_CallMethodNoArgs(w->pending, s_test);
     done = r == NULL ? -1 : PyObject_IsTrue(r);
     Py_XDECREF(r);
-    return done;
+    return done > 0 && copied(w) < 0 ? -1 : done;
 }
 
 static PyObject *Work_is_completed(Work *w, PyObject *unused)
@@ -210,6 +231,8 @@ static int Work_traverse(Work *w, visitproc visit, void *arg)
     Py_VISIT(w->result);
     Py_VISIT((PyObject *)w->books);
     Py_VISIT(w->arrays);
+    Py_VISIT(w->copy_to);
+    Py_VISIT(w->copy_from);
     return 0;
 }
 
@@ -222,6 +245,8 @@ static int Work_clear(Work *w)
     Py_CLEAR(w->request_obj);
     Py_CLEAR(w->entry);
     Py_CLEAR(w->arrays);
+    Py_CLEAR(w->copy_to);
+    Py_CLEAR(w->copy_from);
     return 0;
 }
 
@@ -295,15 +320,21 @@ static int reap(CallBooks *b)
 /* The Work of a direct-path call just posted (new reference), kept in the books' in_flight
  * until it completes. */
 PyObject *direct_work(CallBooks *b, PyObject *request_obj, unsigned long long request,
-                      PyObject *entry, PyObject *arrays, PyObject *result)
+                      PyObject *entry, PyObject *arrays, const Call *c)
 {
     if (b->in_flight == NULL || b->front == Py_None) {
         PyErr_SetString(PyExc_RuntimeError, "these books have no front end to finish a Work");
         return NULL;
     }
-    Work *w = work_alloc(Py_None, Py_None, result);
+    Work *w = work_alloc(Py_None, Py_None, c->result);
     if (w == NULL)
         return NULL;
+    if (c->copy_to != NULL) {
+        Py_INCREF(c->copy_to);
+        Py_INCREF(c->recv);
+        w->copy_to = c->copy_to;
+        w->copy_from = c->recv;
+    }
     Py_INCREF(b);
     Py_INCREF(request_obj);
     Py_INCREF(entry);

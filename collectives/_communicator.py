@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -114,11 +112,10 @@ class Communicator(Lifecycle):
         # What stages device arrays through the host (the MPI backend), or None.
         self._stager: Stager | None = impl.stager
         self._check_arrays = impl.check_arrays if impl.checks_arrays else None
-        impl.attach(
-            BackendContext(
-                self, lambda: books.seq, self._fatal, self._mpi_error, self._dump_flight_record
-            )
+        self._context = BackendContext(
+            self, lambda: books.seq, self._fatal, self._mpi_error, self._dump_flight_record
         )
+        impl.attach(self._context)
         self._track = 0
         if _timeline.TIMELINE is not None:
             _COUNT[0] += 1
@@ -135,7 +132,7 @@ class Communicator(Lifecycle):
         # no timeline to draw); _fast is them while it may be used: not inside group(), closed
         # or dead.
         self._direct: CallBooks | None = None
-        books.later, books.mpi_error = self._direct_later, self._mpi_error
+        books.mpi_error = self._mpi_error
         books.front = self  # a direct-path Work's wait past its poll is this front end's
         if not self._track and impl.direct_path(books):
             self._direct = books
@@ -389,8 +386,7 @@ class Communicator(Lifecycle):
             "barrier", self._impl.barrier, None, None, None, None, None, async_op, None
         )
 
-    @contextmanager
-    def group(self) -> Iterator[Communicator]:
+    def group(self) -> _Group:
         """Batch the calls inside into one launch; they complete when the block ends.
 
         Example (a ring exchange that cannot deadlock):
@@ -398,28 +394,30 @@ class Communicator(Lifecycle):
             ...     comm.send(x, (comm.rank + 1) % comm.size)
             ...     comm.recv(y, (comm.rank - 1) % comm.size)
         """
-        if self._group is not None:  # nested: join the outer group
-            yield self
-            return
+        return _Group(self)
+
+    def _open_group(self) -> None:
         self.ensure_usable("group")
         self._own("group")
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
         self._group = []
-        self._books.grouped = True  # direct-path calls are held too (_direct_later)
-        failed = True
-        try:
-            yield self
-            failed = False
-        finally:
-            pendings, self._group = self._group, None
-            self._books.grouped = False
-            if self._unusable is None:
-                self._fast = self._direct
-            self._impl.group_end(pendings)
-            if not failed:
-                for pending in pendings:
-                    self._wait(pending)
+        books = self._books
+        books.grouped, books.held = True, []  # the direct path's calls are held there
+
+    def _close_group(self, failed: bool) -> None:
+        pendings, self._group = self._group or [], None
+        books = self._books
+        works, books.held = books.held or [], None
+        books.grouped = False
+        if self._unusable is None:
+            self._fast = self._direct
+        self._impl.group_end(pendings)
+        if not failed:
+            for pending in pendings:
+                self._wait(pending)
+            for work in works:
+                work.wait()
 
     # ---------------------------------------------------------------- structure
 
@@ -478,19 +476,6 @@ class Communicator(Lifecycle):
 
     # ---------------------------------------------------------------- internals
 
-    def _direct_later(
-        self, request: Any, entry: Entry, args: tuple, result: Any, async_op: bool
-    ) -> Any:
-        """A direct-path call inside :meth:`group` (``books.later``): held until the block
-        ends (its ``Work`` too, with ``async_op=True``)."""
-        pending = self._books.pending(request, entry, args)
-        group = self._group
-        if group is not None:
-            group.append(pending)
-            if not async_op:
-                return result
-        return Work(self, pending, result)
-
     def _run(
         self,
         call: str,
@@ -548,23 +533,13 @@ class Communicator(Lifecycle):
         finally:
             books.give()
 
+    # What a Work's wait() and synchronize() call (and a group's end): the backend context's
+    # one wait that may fail.
     def _wait(self, pending: Pending) -> None:
-        try:
-            pending.wait(self)
-        except CollectivesError as e:
-            self._fatal(e)
-            raise
-        except MPI.Exception as e:
-            self._mpi_error(pending.call, e)
+        self._context.complete(pending, block=False)
 
     def _synchronize(self, pending: Pending) -> None:
-        try:
-            pending.synchronize(self)
-        except CollectivesError as e:
-            self._fatal(e)
-            raise
-        except MPI.Exception as e:
-            self._mpi_error(pending.call, e)
+        self._context.complete(pending)
 
     # The argument checks (:mod:`._args`), with this communicator's rank and size.
     _op = staticmethod(checked_op)
@@ -589,3 +564,26 @@ class Communicator(Lifecycle):
 def _no_direct_path(request: Any, entry: Entry, args: tuple) -> None:
     """``books.wait_long`` where the backend has set up no direct path: never called."""
     raise RuntimeError("no direct path on this communicator")
+
+
+class _Group:
+    """``comm.group()``: the block's calls are held until it ends (a nested block joins the
+    outer one); a class rather than a generator, for the calls of small messages."""
+
+    __slots__ = ("_comm", "_outer")
+
+    def __init__(self, comm: Communicator):
+        self._comm = comm
+        self._outer = False
+
+    def __enter__(self) -> Communicator:
+        comm = self._comm
+        if comm._group is None:
+            comm._open_group()
+            self._outer = True
+        return comm
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if self._outer:
+            self._outer = False
+            self._comm._close_group(failed=kind is not None)

@@ -9,8 +9,9 @@ flight-recorder :class:`~._books.Entry`; then two stateless primitives: ``post``
 MPI call and gives its request, and ``poll`` tests that request, the GIL released, for up to
 ``yield_after``. A call that lasts longer is handed to the books' ``wait_long``, which waits
 on it as a ``Pending`` under the timeout; a call made with ``async_op=True``, or inside
-``comm.group()``, is handed to the books' ``later``, which gives its ``Work`` or holds it
-until the block ends. The functions below are those methods, named as the verbs.
+``comm.group()`` (which holds it until the block ends), gives a C ``Work``
+(``_callbooks_work.c``) whose wait polls it the same way. The functions below are those
+methods, named as the verbs.
 Anything unusual (another type, dtype, op or layout, overlapping arrays, a bad root or peer,
 a count above what one MPI call takes, another thread holding the communicator) returns
 ``NotImplemented`` before any bookkeeping, and the general path runs the call or names the

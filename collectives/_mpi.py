@@ -146,6 +146,7 @@ class MpiBackend:
         pending = MpiPending(_direct.request(request), args, self.in_flight)
         pending.info = (entry.seq, entry.call, entry.shape, entry.dtype)
         pending.start = entry.start
+        pending.polls = 255  # polled already: its wait looks at the clock after one more test
         # its state, "timed out" included, is the recorder's: the last entry but for a Work's
         recorder = context.recorder
         for i in range(-1, -len(recorder) - 1, -1):
@@ -157,17 +158,8 @@ class MpiBackend:
     def _wait_long(self, request: Any, entry: Entry, args: tuple) -> None:
         """The rest of a long direct-path wait (``books.wait_long``): yielding the core, under
         the timeout."""
-        context = self._context
-        assert context is not None
-        pending = self._direct_pending(request, entry, args)
-        try:
-            pending._waited(context.waiter)  # yield now: it has already polled for yield_after
-            context.synchronize(pending)
-        except CollectivesError as e:
-            context.fail(e)
-            raise
-        except MPI.Exception as e:
-            context.mpi_error(pending.call, e)
+        assert self._context is not None
+        self._context.complete(self._direct_pending(request, entry, args))
 
     # Each verb: (x, out, name, op, root) -> MpiPending.
 

@@ -153,11 +153,15 @@ class MpiPending(Pending):
             self._complete()
         return self.done
 
+    #: the test count a wait starts from (it looks at the clock every 256 tests): 255 for a
+    #: direct-path call, which was polled already
+    polls = 0
+
     def synchronize(self, comm: Any) -> None:
         if self.done:
             return
         test = self.request.Test
-        polls = 0
+        polls = self.polls
         yielding = False
         while not test():  # busy, as MPI's own blocking wait polls, then yielding the core
             polls += 1

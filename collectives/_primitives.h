@@ -14,8 +14,8 @@ typedef struct {
     /* Posts the MPI call `kind` on `send` and `recv` (NULL where the caller gave None: then
      * MPI_IN_PLACE where the call has an in-place form), `count` elements (per rank for the
      * calls that split by rank); `comm`, `datatype` and `op` are handles as mpi4py gives
-     * them, `root` the root or the peer. A blocking call (every collective kind where
-     * asked; never SEND or RECV) returns once done and leaves *request 0. The MPI error code, or 0. Touches no Python
+     * them, `root` the root or the peer. A blocking call (any kind but SEND and RECV)
+     * returns once done and leaves *request 0. The MPI error code, or 0. Touches no Python
      * object: the caller may release the GIL around it. */
     int (*post)(int kind, int blocking, unsigned long long comm, const void *send, void *recv,
                 long long count, unsigned long long datatype, unsigned long long op, int root,

@@ -209,6 +209,28 @@ def test_broadcast_and_an_empty_array(comm):
     assert [c["state"] for c in comm.flight_record()] == ["completed", "completed"]
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_reduce_scatter_in_place_writes_only_this_ranks_slot(comm, async_op):
+    # MPI's in-place form writes x[0]: the direct path reduces into a new array and copies
+    # it to x[rank] once complete
+    x = np.arange(6.0).reshape(1, 6)
+    before = x.copy()
+    result = _direct.reduce_scatter(comm._books, x, "max", x[0], async_op)
+    assert result is not NotImplemented
+    if async_op:
+        assert isinstance(result, col.Work)
+        result = result.wait()
+    np.testing.assert_array_equal(result, before[0])
+    np.testing.assert_array_equal(x, before)
+    assert [type(c).__name__ for c in comm.recorder] == ["Entry"]  # nothing else recorded it
+    slot = x[0]
+    with comm.group():  # complete, and copied, once the group ends
+        held = _direct.reduce_scatter(comm._books, x + 1, "max", slot, async_op)
+        assert held is not NotImplemented
+    assert (held.wait() if async_op else held) is slot
+    np.testing.assert_array_equal(x[0], before[0] + 1)
+
+
 def _not_for_the_direct_path():
     strided = np.zeros(8)[::2]
     read_only = np.ones(4)
