@@ -32,6 +32,7 @@ PyObject *fast_op;            /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
 PyObject *reduce_op;          /* the ReduceOp class */
 PyObject *empty;              /* numpy.empty */
 PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
+int counted_reduce_scatter;   /* _direct.COUNTED_REDUCE_SCATTER */
 PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 /* ------------------------------------------------------------------------------- Entry */
@@ -379,16 +380,17 @@ static PyObject *configure(PyObject *self, PyObject *args)
 }
 
 /* use_primitives(capsule or None, py_post, py_poll, kinds, ndarray, fast_type, fast_op,
- * reduce_op, empty): _direct.py's, once */
+ * reduce_op, empty, counted_reduce_scatter): _direct.py's, once */
 static PyObject *use_primitives(PyObject *self, PyObject *args)
 {
     PyObject *capsule, *objects[8];
     PyObject **slots[8] = {&py_post, &py_poll,  &kind_names, &ndarray,
                            &fast_type, &fast_op, &reduce_op, &empty};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OO", &capsule, &objects[0], &objects[1],
+    int counted;
+    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOp", &capsule, &objects[0], &objects[1],
                           &PyTuple_Type, &objects[2], &objects[3], &PyDict_Type, &objects[4],
-                          &PyDict_Type, &objects[5], &objects[6], &objects[7]))
+                          &PyDict_Type, &objects[5], &objects[6], &objects[7], &counted))
         return NULL;
     if (PyTuple_GET_SIZE(objects[2]) != KINDS) {
         PyErr_Format(PyExc_ValueError, "use_primitives: %d kinds expected", KINDS);
@@ -401,6 +403,7 @@ static PyObject *use_primitives(PyObject *self, PyObject *args)
             return NULL;
     }
     primitives = given;
+    counted_reduce_scatter = counted;
     for (int i = 0; i < 8; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
@@ -413,7 +416,7 @@ static PyMethodDef module_methods[] = {
      "configure(point_to_point, in_use_error, in_use_text, mpi_exception)"},
     {"use_primitives", use_primitives, METH_VARARGS,
      "use_primitives(capsule, py_post, py_poll, kinds, ndarray, fast_type, fast_op, "
-     "reduce_op, empty)"},
+     "reduce_op, empty, counted_reduce_scatter)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,7 @@ extern PyObject *fast_op;    /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
 extern PyObject *reduce_op;  /* the ReduceOp class */
 extern PyObject *empty;      /* numpy.empty */
 extern PyObject *kind_names; /* _direct.KINDS, a tuple of str */
+extern int counted_reduce_scatter; /* a non-blocking reduce_scatter is given counts (MPICH) */
 extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 static inline double now(void)

@@ -87,4 +87,5 @@ def use_primitives(
     fast_op: dict,
     reduce_op: type,
     empty: Callable[..., Any],
+    counted_reduce_scatter: bool,
 ) -> None: ...

@@ -119,10 +119,11 @@ static unsigned long long handle_of(PyObject *value, int *failed)
 }
 
 /* The request as Python sees it: the handle (C primitives), or mpi4py's request. */
-static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long long *request)
+static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *counts,
+                      unsigned long long *request)
 {
     if (primitives == NULL) {
-        PyObject *args[9] = {NULL};
+        PyObject *args[10] = {NULL};
         PyObject *r = NULL;
         args[0] = PyLong_FromLong(c->kind);
         args[5] = PyLong_FromLongLong(c->count);
@@ -134,7 +135,8 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long l
             args[4] = c->recv;
             args[6] = c->datatype;
             args[7] = c->mpi_op;
-            r = PyObject_Vectorcall(py_post, args, 9, NULL);
+            args[9] = counts;
+            r = PyObject_Vectorcall(py_post, args, 10, NULL);
         }
         Py_XDECREF(args[0]);
         Py_XDECREF(args[5]);
@@ -158,15 +160,16 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, unsigned long l
             PyBuffer_Release(&sv);
         return NULL;
     }
+    const long long *words = counts == Py_None ? NULL : (long long *)PyBytes_AS_STRING(counts);
     int rc;
     if (blocking) {
         Py_BEGIN_ALLOW_THREADS
         rc = primitives->post(c->kind, 1, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, request);
+                              c->root_rank, NULL, request);
         Py_END_ALLOW_THREADS
     } else {
         rc = primitives->post(c->kind, 0, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, request);
+                              c->root_rank, words, request);
     }
     if (sv.obj != NULL)
         PyBuffer_Release(&sv);
@@ -233,20 +236,34 @@ int copy_result(PyObject *to, PyObject *from)
 /* Steps 2 to 5 of _books.py once the token is taken: the result (new reference), or NULL. */
 static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
 {
-    PyObject *entry = begin(b, call, c->kind == SEND || c->kind == RECV, c->array, c->name,
-                            c->op, c->root);
-    if (entry == NULL)
-        return NULL;
     int later = c->async_op || b->grouped;
     /* point-to-point calls are never blocking: a rank may send before it receives */
     int blocking = b->blocking && c->kind != SEND && c->kind != RECV && !later;
+    /* each rank's count (MPI_Count words), kept with the arrays until the call completes */
+    PyObject *counts = Py_None;
+    if (c->kind == REDUCE_SCATTER && !blocking && counted_reduce_scatter) {
+        counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(b->size * sizeof(long long)));
+        if (counts == NULL)
+            return NULL;
+        long long *words = (long long *)PyBytes_AS_STRING(counts);
+        for (int i = 0; i < b->size; i++)
+            words[i] = c->count;
+    } else {
+        Py_INCREF(counts);
+    }
+    PyObject *entry = begin(b, call, c->kind == SEND || c->kind == RECV, c->array, c->name,
+                            c->op, c->root);
+    if (entry == NULL) {
+        Py_DECREF(counts);
+        return NULL;
+    }
     /* A blocking call cannot post anything once begun: the board says beforehand that this
      * rank is inside it (nth * 16 + code, as _progress.BLOCKING_CALLS), and 0 once it returns */
     long long *inside = blocking ? b->inside_word : NULL;
     if (inside != NULL)
         *inside = (((Entry *)entry)->seq - b->p2p) * 16 + c->kind + 1;
     unsigned long long request = 0;
-    PyObject *request_obj = post(b, c, blocking, &request);
+    PyObject *request_obj = post(b, c, blocking, counts, &request);
     if (inside != NULL)
         *inside = 0;
     PyObject *result = NULL;
@@ -259,7 +276,7 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
         PyErr_Restore(type, value, traceback);
         goto done;
     }
-    PyObject *arrays = PyTuple_Pack(2, c->send, c->recv);
+    PyObject *arrays = PyTuple_Pack(3, c->send, c->recv, counts);
     if (arrays == NULL)
         goto done;
     if (later) {
@@ -295,6 +312,7 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
 done:
     Py_XDECREF(request_obj);
     Py_DECREF(entry);
+    Py_DECREF(counts);
     return result;
 }
 

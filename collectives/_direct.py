@@ -106,10 +106,20 @@ def _spec(array: Any, t: Any, none: Any) -> Any:
 
 
 def _py_post(
-    kind: int, blocking: bool, comm: Any, s: Any, r: Any, count: int, t: Any, op: Any, root: int
+    kind: int,
+    blocking: bool,
+    comm: Any,
+    s: Any,
+    r: Any,
+    count: int,
+    t: Any,
+    op: Any,
+    root: int,
+    counts: Any = None,
 ) -> Any:
     """The primitive ``post`` (``_primitives.h``) on mpi4py: the request, or None once a
-    blocking call returned."""
+    blocking call returned. ``counts``: None, or each rank's count of a reduce_scatter (int64
+    words): ``Ireduce_scatter`` then."""
     b = blocking and kind != SEND and kind != RECV  # point-to-point is never blocking
     if kind == ALL_REDUCE:
         return (comm.Allreduce if b else comm.Iallreduce)(_spec(s, t, _IN_PLACE), [r, t], op)
@@ -121,6 +131,8 @@ def _py_post(
     if kind == ALL_GATHER:
         return (comm.Allgather if b else comm.Iallgather)(_spec(s, t, _IN_PLACE), [r, t])
     if kind == REDUCE_SCATTER:
+        if counts is not None and not b:
+            return comm.Ireduce_scatter([s, t], [r, t], memoryview(counts).cast("q").tolist(), op)
         post = comm.Reduce_scatter_block if b else comm.Ireduce_scatter_block
         return post([s, t], [r, t], op)
     if kind == ALL_TO_ALL:
@@ -227,8 +239,8 @@ def barrier(books: CallBooks, async_op: bool = False) -> Any:
 
 
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
-#: then the blocking call of each kind, then MPI_Test; Open MPI 5 has no large-count (``_c``)
-#: calls
+#: then the blocking call of each kind, then the reduce_scatter with counts, then MPI_Test;
+#: Open MPI 5 has no large-count (``_c``) calls
 _MPICH_CALLS = (
     "MPI_Iallreduce_c",
     "MPI_Ibcast_c",
@@ -252,6 +264,7 @@ _MPICH_CALLS = (
     "MPI_Send_c",
     "MPI_Recv_c",
     "MPI_Barrier",
+    "MPI_Ireduce_scatter_c",
     "MPI_Test",
 )
 _CALLS = {
@@ -331,6 +344,11 @@ if _FAST is not None:
     request = _c_request
 else:
     request = _py_request
+#: a non-blocking reduce_scatter is posted with each rank's count (``MPI_Ireduce_scatter``)
+#: on MPICH, whose ``MPI_Ireduce_scatter_block`` picks an algorithm 15x slower at 1 MiB
+#: (2 ranks; benchmarks/README.md, "Works in C"); elsewhere the two cost the same
+COUNTED_REDUCE_SCATTER = MPI.get_vendor()[0] == "MPICH"
+
 _callbooks.use_primitives(
     None if _FAST is None else _FAST[0].primitives,
     _py_post,
@@ -341,4 +359,5 @@ _callbooks.use_primitives(
     FAST_OP,
     ReduceOp,
     np.empty,
+    COUNTED_REDUCE_SCATTER,
 )

@@ -42,6 +42,7 @@ typedef int (*IbcastFn)(Out, Count, Handle, int, Handle, Req);
 typedef int (*IreduceFn)(In, Out, Count, Handle, Handle, int, Handle, Req);
 typedef int (*IallgatherFn)(In, Count, Handle, Out, Count, Handle, Handle, Req);
 typedef int (*IreduceScatterFn)(In, Out, Count, Handle, Handle, Handle, Req);
+typedef int (*IreduceScatterVFn)(In, Out, const Count *, Handle, Handle, Handle, Req);
 typedef int (*IrootedFn)(In, Count, Handle, Out, Count, Handle, int, Handle, Req);
 typedef int (*IsendFn)(In, Count, Handle, int, int, Handle, Req);
 typedef int (*IrecvFn)(Out, Count, Handle, int, int, Handle, Req);
@@ -58,6 +59,7 @@ typedef int (*TestFn)(Req, int *, void *);
 static void *calls[KINDS];        /* the non-blocking MPI call of each kind */
 static void *blocking_calls[KINDS]; /* the blocking MPI call of each kind (send, recv unused) */
 static TestFn mpi_test;
+static void *ireduce_scatter_v; /* MPI_Ireduce_scatter(_c), the reduce_scatter with counts */
 static void *mpi_in_place;
 static int tag; /* the tag of send and recv */
 
@@ -85,7 +87,8 @@ static Handle as_handle(unsigned long long v)
 /* Primitives.post (_primitives.h) */
 static int post(int kind, int blocking, unsigned long long comm_handle, const void *send,
                 void *recv, long long count, unsigned long long datatype_handle,
-                unsigned long long op_handle, int root, unsigned long long *request_handle)
+                unsigned long long op_handle, int root, const long long *counts,
+                unsigned long long *request_handle)
 {
     Handle comm = as_handle(comm_handle), datatype = as_handle(datatype_handle);
     Handle op = as_handle(op_handle), request = 0;
@@ -131,6 +134,15 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
         rc = ((IallgatherFn)f)(s, n, datatype, r, n, datatype, comm, &request);
         break;
     case REDUCE_SCATTER:
+#ifndef FASTMPI_POINTER_HANDLES
+        if (counts != NULL) {
+            rc = ((IreduceScatterVFn)ireduce_scatter_v)(s, r, counts, datatype, op, comm,
+                                                        &request);
+            break;
+        }
+#else
+        (void)counts; /* Open MPI's build takes none */
+#endif
         rc = ((IreduceScatterFn)f)(s, r, n, datatype, op, comm, &request);
         break;
     case GATHER:
@@ -178,7 +190,7 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
 static const Primitives primitives = {post, poll};
 
 /* setup(addresses, in_place, tag): addresses are the non-blocking calls of each kind, then
- * the blocking call of each kind, then MPI_Test. */
+ * the blocking call of each kind, then MPI_Ireduce_scatter(_c), then MPI_Test. */
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     PyObject *addresses;
@@ -187,12 +199,12 @@ static PyObject *setup(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "O!Li", &PyList_Type, &addresses, &in_place, &the_tag))
         return NULL;
-    if (PyList_GET_SIZE(addresses) != 2 * KINDS + 1) {
-        PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", 2 * KINDS + 1);
+    if (PyList_GET_SIZE(addresses) != 2 * KINDS + 2) {
+        PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", 2 * KINDS + 2);
         return NULL;
     }
-    void *found[2 * KINDS + 1];
-    for (int i = 0; i < 2 * KINDS + 1; i++) {
+    void *found[2 * KINDS + 2];
+    for (int i = 0; i < 2 * KINDS + 2; i++) {
         found[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(addresses, i));
         if (found[i] == NULL) {
             if (!PyErr_Occurred())
@@ -204,7 +216,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
         calls[i] = found[i];
         blocking_calls[i] = found[KINDS + i];
     }
-    mpi_test = (TestFn)found[2 * KINDS];
+    ireduce_scatter_v = found[2 * KINDS];
+    mpi_test = (TestFn)found[2 * KINDS + 1];
     mpi_in_place = (void *)(intptr_t)in_place;
     tag = the_tag;
     Py_RETURN_NONE;

@@ -220,6 +220,16 @@ class MpiBackend:
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
         t = MPI_TYPE[name]
+        if _direct.COUNTED_REDUCE_SCATTER:  # as the direct path posts it on MPICH
+            counts = [out.size] * self.size
+            return self._post(
+                self.comm.Ireduce_scatter,
+                [x, t],
+                [out, t],
+                counts,
+                MPI_OP[op],
+                then=self._avg(op, out),
+            )
         return self._post(
             self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
         )
