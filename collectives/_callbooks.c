@@ -32,7 +32,8 @@ PyObject *fast_op;            /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
 PyObject *reduce_op;          /* the ReduceOp class */
 PyObject *empty;              /* numpy.empty */
 PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
-int counted_reduce_scatter;   /* _direct.COUNTED_REDUCE_SCATTER */
+int counted_reduce_scatter;   /* _direct.COUNTED_REDUCE_SCATTER: 1 non-blocking, 2 blocking */
+Py_ssize_t counted_from;      /* _direct.COUNTED_FROM */
 PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 /* ------------------------------------------------------------------------------- Entry */
@@ -220,6 +221,7 @@ static int CallBooks_clear(CallBooks *b)
     Py_CLEAR(b->recorder);
     Py_CLEAR(b->front);
     Py_CLEAR(b->in_flight);
+    Py_CLEAR(b->scratch);
     return 0;
 }
 
@@ -380,7 +382,7 @@ static PyObject *configure(PyObject *self, PyObject *args)
 }
 
 /* use_primitives(capsule or None, py_post, py_poll, kinds, ndarray, fast_type, fast_op,
- * reduce_op, empty, counted_reduce_scatter): _direct.py's, once */
+ * reduce_op, empty, counted_reduce_scatter, counted_from): _direct.py's, once */
 static PyObject *use_primitives(PyObject *self, PyObject *args)
 {
     PyObject *capsule, *objects[8];
@@ -388,9 +390,10 @@ static PyObject *use_primitives(PyObject *self, PyObject *args)
                            &fast_type, &fast_op, &reduce_op, &empty};
     (void)self;
     int counted;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOp", &capsule, &objects[0], &objects[1],
+    Py_ssize_t from;
+    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOin", &capsule, &objects[0], &objects[1],
                           &PyTuple_Type, &objects[2], &objects[3], &PyDict_Type, &objects[4],
-                          &PyDict_Type, &objects[5], &objects[6], &objects[7], &counted))
+                          &PyDict_Type, &objects[5], &objects[6], &objects[7], &counted, &from))
         return NULL;
     if (PyTuple_GET_SIZE(objects[2]) != KINDS) {
         PyErr_Format(PyExc_ValueError, "use_primitives: %d kinds expected", KINDS);
@@ -404,6 +407,7 @@ static PyObject *use_primitives(PyObject *self, PyObject *args)
     }
     primitives = given;
     counted_reduce_scatter = counted;
+    counted_from = from;
     for (int i = 0; i < 8; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
@@ -416,7 +420,7 @@ static PyMethodDef module_methods[] = {
      "configure(point_to_point, in_use_error, in_use_text, mpi_exception)"},
     {"use_primitives", use_primitives, METH_VARARGS,
      "use_primitives(capsule, py_post, py_poll, kinds, ndarray, fast_type, fast_op, "
-     "reduce_op, empty, counted_reduce_scatter)"},
+     "reduce_op, empty, counted_reduce_scatter, counted_from)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,7 +26,8 @@ extern PyObject *fast_op;    /* _direct.FAST_OP: op -> (ReduceOp, op handle) */
 extern PyObject *reduce_op;  /* the ReduceOp class */
 extern PyObject *empty;      /* numpy.empty */
 extern PyObject *kind_names; /* _direct.KINDS, a tuple of str */
-extern int counted_reduce_scatter; /* a non-blocking reduce_scatter is given counts (MPICH) */
+extern int counted_reduce_scatter; /* reduce_scatters given counts: 1 non-blocking, 2 blocking */
+extern Py_ssize_t counted_from;    /* bytes per rank from which they are */
 extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 static inline double now(void)
@@ -63,6 +64,7 @@ typedef struct {
     PyObject *front;     /* the Communicator: a Work's waits past the direct path are its */
     PyObject *in_flight; /* the direct path's Works not yet complete (a set) */
     Py_ssize_t reap_at;  /* in_flight's size at which those complete are looked for */
+    PyObject *scratch;   /* a bytearray for the results of in-place forms, or NULL */
 } CallBooks;
 
 /* One checked direct-path call (the arguments of run()). */
@@ -74,6 +76,7 @@ typedef struct {
     PyObject *datatype, *mpi_op; /* handles (C primitives) or mpi4py objects */
     int root_rank, async_op;
     PyObject *copy_to; /* where recv is copied once complete (an in-place form), or NULL */
+    int counted;       /* a reduce_scatter large enough to be given each rank's count */
 } Call;
 
 /* _callbooks_run.c */

@@ -87,5 +87,6 @@ def use_primitives(
     fast_op: dict,
     reduce_op: type,
     empty: Callable[..., Any],
-    counted_reduce_scatter: bool,
+    counted_reduce_scatter: int,
+    counted_from: int,
 ) -> None: ...

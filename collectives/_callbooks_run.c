@@ -160,12 +160,12 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
             PyBuffer_Release(&sv);
         return NULL;
     }
-    const long long *words = counts == Py_None ? NULL : (long long *)PyBytes_AS_STRING(counts);
+    const void *words = counts == Py_None ? NULL : PyBytes_AS_STRING(counts);
     int rc;
     if (blocking) {
         Py_BEGIN_ALLOW_THREADS
         rc = primitives->post(c->kind, 1, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, NULL, request);
+                              c->root_rank, words, request);
         Py_END_ALLOW_THREADS
     } else {
         rc = primitives->post(c->kind, 0, comm, sv.buf, rv.buf, c->count, datatype, op,
@@ -239,15 +239,20 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     int later = c->async_op || b->grouped;
     /* point-to-point calls are never blocking: a rank may send before it receives */
     int blocking = b->blocking && c->kind != SEND && c->kind != RECV && !later;
-    /* each rank's count (MPI_Count words), kept with the arrays until the call completes */
+    /* each rank's count, as wide as the primitives take them, kept with the arrays until
+     * the call completes */
     PyObject *counts = Py_None;
-    if (c->kind == REDUCE_SCATTER && !blocking && counted_reduce_scatter) {
-        counts = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(b->size * sizeof(long long)));
+    if (c->counted && (counted_reduce_scatter & (blocking ? 2 : 1))) {
+        int wide = primitives == NULL || primitives->count_bytes == 8;
+        counts = PyBytes_FromStringAndSize(NULL, b->size * (wide ? 8 : 4));
         if (counts == NULL)
             return NULL;
-        long long *words = (long long *)PyBytes_AS_STRING(counts);
-        for (int i = 0; i < b->size; i++)
-            words[i] = c->count;
+        for (int i = 0; i < b->size; i++) {
+            if (wide)
+                ((long long *)PyBytes_AS_STRING(counts))[i] = c->count;
+            else
+                ((int *)PyBytes_AS_STRING(counts))[i] = (int)c->count;
+        }
     } else {
         Py_INCREF(counts);
     }

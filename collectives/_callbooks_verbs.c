@@ -81,6 +81,25 @@ static int is_slot(const Arr *part, const Arr *whole, Py_ssize_t index)
            (char *)part->v.buf == (char *)whole->v.buf + index * part->v.len;
 }
 
+/* Memory for `nbytes` of a result that is copied where it belongs once complete (new
+ * reference): the books' own bytearray, grown as needed, unless a call in flight holds it
+ * (its Work and arrays let go of it once complete), then a new one. Reusing one buffer
+ * matters: MPI libraries make fresh memory slow (MPICH's and Intel MPI's 1 MiB calls take
+ * several times as long). NULL with an error set. */
+static PyObject *scratch(CallBooks *b, Py_ssize_t nbytes)
+{
+    if (b->scratch != NULL && Py_REFCNT(b->scratch) > 1) /* lent to a call in flight */
+        return PyByteArray_FromStringAndSize(NULL, nbytes);
+    if (b->scratch == NULL || PyByteArray_GET_SIZE(b->scratch) < nbytes) {
+        PyObject *fresh = PyByteArray_FromStringAndSize(NULL, nbytes);
+        if (fresh == NULL)
+            return NULL;
+        Py_XSETREF(b->scratch, fresh);
+    }
+    Py_INCREF(b->scratch);
+    return b->scratch;
+}
+
 /* A new array of `shape` (dims[:ndim]) and `dtype`, or NULL with an error set. */
 static PyObject *new_array(int ndim, const Py_ssize_t *dims, PyObject *dtype)
 {
@@ -177,7 +196,7 @@ PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t n
     PyObject *result = in_place ? x : out;
     Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
               result, in_place ? Py_None : x, result, elements(&a.v),
-              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0, NULL};
+              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0, NULL, 0};
     return run_checked(b, &c, args[3], &a, &o, NULL);
 }
 
@@ -194,7 +213,7 @@ PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t na
     if (types == NULL)
         return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
     Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], x, Py_None, x,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL};
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL, 0};
     return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
@@ -223,7 +242,7 @@ PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
     PyObject *result = !mine ? Py_None : in_place ? x : out;
     Call c = {REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), args[1],
               mine ? result : x, send, result, elements(&a.v), PyTuple_GET_ITEM(types, 1),
-              PyTuple_GET_ITEM(ops, 1), root, 0, NULL};
+              PyTuple_GET_ITEM(ops, 1), root, 0, NULL, 0};
     return run_checked(b, &c, args[4], &a, &o, NULL);
 }
 
@@ -256,7 +275,7 @@ PyObject *CallBooks_all_gather(CallBooks *b, PyObject *const *args, Py_ssize_t n
             return finish(NOT_OURS, &a, &o);
     }
     Call c = {ALL_GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL};
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL, 0};
     return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
@@ -290,11 +309,12 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
             return finish(NOT_OURS, &a, &o);
     }
     recv = out;
-    if (in_place && (recv = made_out = new_array(a.v.ndim - 1, a.v.shape + 1, a.dtype)) == NULL)
+    if (in_place && (recv = made_out = scratch(b, o.v.len)) == NULL)
         return finish(NULL, &a, &o);
     Call c = {REDUCE_SCATTER, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0),
               Py_None, out, x, recv, elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1),
-              PyTuple_GET_ITEM(ops, 1), 0, 0, in_place ? out : NULL};
+              PyTuple_GET_ITEM(ops, 1), 0, 0, in_place ? out : NULL,
+              a.v.len / b->size >= counted_from};
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -321,7 +341,7 @@ PyObject *CallBooks_all_to_all(CallBooks *b, PyObject *const *args, Py_ssize_t n
             return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
     }
     Call c = {ALL_TO_ALL, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
-              elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL};
+              elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL, 0};
     return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
@@ -357,7 +377,7 @@ PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
             return finish(NOT_OURS, &a, &o);
     }
     Call c = {GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out, send, out,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL};
+              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL, 0};
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -409,7 +429,8 @@ PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t narg
     }
     long long count = elements(x != Py_None ? &a.v : &o.v) / (x != Py_None ? b->size : 1);
     Call c = {SCATTER, mine ? x : out, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out,
-              mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL};
+              mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0,
+              NULL, 0};
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -430,7 +451,7 @@ static PyObject *point_to_point_call(CallBooks *b, PyObject *const *args, Py_ssi
     Call c = {kind, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1],
               kind == SEND ? Py_None : x, kind == SEND ? x : Py_None,
               kind == SEND ? Py_None : x, elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None,
-              peer, 0, NULL};
+              peer, 0, NULL, 0};
     return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
@@ -448,7 +469,7 @@ PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
 PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op)
 {
     Call c = {BARRIER, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, 0,
-              Py_None, Py_None, 0, 0, NULL};
+              Py_None, Py_None, 0, 0, NULL, 0};
     c.async_op = PyObject_IsTrue(async_op);
     return c.async_op < 0 ? NULL : run(b, &c);
 }

@@ -119,7 +119,7 @@ def _py_post(
 ) -> Any:
     """The primitive ``post`` (``_primitives.h``) on mpi4py: the request, or None once a
     blocking call returned. ``counts``: None, or each rank's count of a reduce_scatter (int64
-    words): ``Ireduce_scatter`` then."""
+    words): ``(I)reduce_scatter`` then."""
     b = blocking and kind != SEND and kind != RECV  # point-to-point is never blocking
     if kind == ALL_REDUCE:
         return (comm.Allreduce if b else comm.Iallreduce)(_spec(s, t, _IN_PLACE), [r, t], op)
@@ -130,11 +130,12 @@ def _py_post(
         return post(_spec(s, t, _IN_PLACE), _spec(r, t, None), op, root)
     if kind == ALL_GATHER:
         return (comm.Allgather if b else comm.Iallgather)(_spec(s, t, _IN_PLACE), [r, t])
-    if kind == REDUCE_SCATTER:
-        if counts is not None and not b:
-            return comm.Ireduce_scatter([s, t], [r, t], memoryview(counts).cast("q").tolist(), op)
+    if kind == REDUCE_SCATTER:  # r may be longer (the books' scratch of an in-place form)
+        if counts is not None:
+            post = comm.Reduce_scatter if b else comm.Ireduce_scatter
+            return post([s, t], [r, count, t], memoryview(counts).cast("q").tolist(), op)
         post = comm.Reduce_scatter_block if b else comm.Ireduce_scatter_block
-        return post([s, t], [r, t], op)
+        return post([s, t], [r, count, t], op)
     if kind == ALL_TO_ALL:
         return (comm.Alltoall if b else comm.Ialltoall)(_spec(s, t, _IN_PLACE), [r, t])
     if kind == GATHER:
@@ -239,7 +240,8 @@ def barrier(books: CallBooks, async_op: bool = False) -> Any:
 
 
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
-#: then the blocking call of each kind, then the reduce_scatter with counts, then MPI_Test;
+#: then the blocking call of each kind, then the reduce_scatter with counts (non-blocking,
+#: blocking), then MPI_Test;
 #: Open MPI 5 has no large-count (``_c``) calls
 _MPICH_CALLS = (
     "MPI_Iallreduce_c",
@@ -265,6 +267,7 @@ _MPICH_CALLS = (
     "MPI_Recv_c",
     "MPI_Barrier",
     "MPI_Ireduce_scatter_c",
+    "MPI_Reduce_scatter_c",
     "MPI_Test",
 )
 _CALLS = {
@@ -344,10 +347,14 @@ if _FAST is not None:
     request = _c_request
 else:
     request = _py_request
-#: a non-blocking reduce_scatter is posted with each rank's count (``MPI_Ireduce_scatter``)
-#: on MPICH, whose ``MPI_Ireduce_scatter_block`` picks an algorithm 15x slower at 1 MiB
-#: (2 ranks; benchmarks/README.md, "Works in C"); elsewhere the two cost the same
-COUNTED_REDUCE_SCATTER = MPI.get_vendor()[0] == "MPICH"
+#: which reduce_scatters are posted with each rank's count, by library (1 the non-blocking
+#: ones, 2 the blocking ones): MPICH's ``MPI_Ireduce_scatter_block`` and Open MPI's
+#: ``MPI_Reduce_scatter_block`` pick algorithms several times slower from 128 KiB than the
+#: same libraries' ``MPI_(I)reduce_scatter`` (2 ranks, 15x and 6x at 1 MiB; benchmarks/
+#: README.md, "Works in C"); elsewhere the two cost the same
+COUNTED_REDUCE_SCATTER = {"MPICH": 1, "Open MPI": 2}.get(MPI.get_vendor()[0], 0)
+#: bytes per rank from which they are (below, the two cost the same)
+COUNTED_FROM = 64 << 10
 
 _callbooks.use_primitives(
     None if _FAST is None else _FAST[0].primitives,
@@ -360,4 +367,5 @@ _callbooks.use_primitives(
     ReduceOp,
     np.empty,
     COUNTED_REDUCE_SCATTER,
+    COUNTED_FROM,
 )

@@ -43,6 +43,7 @@ typedef int (*IreduceFn)(In, Out, Count, Handle, Handle, int, Handle, Req);
 typedef int (*IallgatherFn)(In, Count, Handle, Out, Count, Handle, Handle, Req);
 typedef int (*IreduceScatterFn)(In, Out, Count, Handle, Handle, Handle, Req);
 typedef int (*IreduceScatterVFn)(In, Out, const Count *, Handle, Handle, Handle, Req);
+typedef int (*ReduceScatterVFn)(In, Out, const Count *, Handle, Handle, Handle);
 typedef int (*IrootedFn)(In, Count, Handle, Out, Count, Handle, int, Handle, Req);
 typedef int (*IsendFn)(In, Count, Handle, int, int, Handle, Req);
 typedef int (*IrecvFn)(Out, Count, Handle, int, int, Handle, Req);
@@ -59,7 +60,8 @@ typedef int (*TestFn)(Req, int *, void *);
 static void *calls[KINDS];        /* the non-blocking MPI call of each kind */
 static void *blocking_calls[KINDS]; /* the blocking MPI call of each kind (send, recv unused) */
 static TestFn mpi_test;
-static void *ireduce_scatter_v; /* MPI_Ireduce_scatter(_c), the reduce_scatter with counts */
+/* MPI_Ireduce_scatter(_c) and MPI_Reduce_scatter(_c): the reduce_scatter with counts */
+static void *ireduce_scatter_v, *reduce_scatter_v;
 static void *mpi_in_place;
 static int tag; /* the tag of send and recv */
 
@@ -87,7 +89,7 @@ static Handle as_handle(unsigned long long v)
 /* Primitives.post (_primitives.h) */
 static int post(int kind, int blocking, unsigned long long comm_handle, const void *send,
                 void *recv, long long count, unsigned long long datatype_handle,
-                unsigned long long op_handle, int root, const long long *counts,
+                unsigned long long op_handle, int root, const void *counts,
                 unsigned long long *request_handle)
 {
     Handle comm = as_handle(comm_handle), datatype = as_handle(datatype_handle);
@@ -102,8 +104,11 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
     if (blocking && kind != SEND && kind != RECV) {
         f = blocking_calls[kind];
         switch (kind) {
-        case ALL_REDUCE:
         case REDUCE_SCATTER:
+            if (counts != NULL)
+                return ((ReduceScatterVFn)reduce_scatter_v)(s, r, counts, datatype, op, comm);
+            return ((AllreduceFn)f)(s, r, n, datatype, op, comm);
+        case ALL_REDUCE:
             return ((AllreduceFn)f)(s, r, n, datatype, op, comm);
         case BROADCAST:
             return ((BcastFn)f)(r, n, datatype, root, comm);
@@ -134,16 +139,11 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
         rc = ((IallgatherFn)f)(s, n, datatype, r, n, datatype, comm, &request);
         break;
     case REDUCE_SCATTER:
-#ifndef FASTMPI_POINTER_HANDLES
-        if (counts != NULL) {
+        if (counts != NULL)
             rc = ((IreduceScatterVFn)ireduce_scatter_v)(s, r, counts, datatype, op, comm,
                                                         &request);
-            break;
-        }
-#else
-        (void)counts; /* Open MPI's build takes none */
-#endif
-        rc = ((IreduceScatterFn)f)(s, r, n, datatype, op, comm, &request);
+        else
+            rc = ((IreduceScatterFn)f)(s, r, n, datatype, op, comm, &request);
         break;
     case GATHER:
     case SCATTER:
@@ -187,10 +187,11 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
     return rc;
 }
 
-static const Primitives primitives = {post, poll};
+static const Primitives primitives = {post, poll, (int)sizeof(Count)};
 
 /* setup(addresses, in_place, tag): addresses are the non-blocking calls of each kind, then
- * the blocking call of each kind, then MPI_Ireduce_scatter(_c), then MPI_Test. */
+ * the blocking call of each kind, then MPI_Ireduce_scatter(_c) and MPI_Reduce_scatter(_c),
+ * then MPI_Test. */
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     PyObject *addresses;
@@ -199,12 +200,12 @@ static PyObject *setup(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "O!Li", &PyList_Type, &addresses, &in_place, &the_tag))
         return NULL;
-    if (PyList_GET_SIZE(addresses) != 2 * KINDS + 2) {
-        PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", 2 * KINDS + 2);
+    if (PyList_GET_SIZE(addresses) != 2 * KINDS + 3) {
+        PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", 2 * KINDS + 3);
         return NULL;
     }
-    void *found[2 * KINDS + 2];
-    for (int i = 0; i < 2 * KINDS + 2; i++) {
+    void *found[2 * KINDS + 3];
+    for (int i = 0; i < 2 * KINDS + 3; i++) {
         found[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(addresses, i));
         if (found[i] == NULL) {
             if (!PyErr_Occurred())
@@ -217,7 +218,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
         blocking_calls[i] = found[KINDS + i];
     }
     ireduce_scatter_v = found[2 * KINDS];
-    mpi_test = (TestFn)found[2 * KINDS + 1];
+    reduce_scatter_v = found[2 * KINDS + 1];
+    mpi_test = (TestFn)found[2 * KINDS + 2];
     mpi_in_place = (void *)(intptr_t)in_place;
     tag = the_tag;
     Py_RETURN_NONE;

@@ -220,7 +220,8 @@ class MpiBackend:
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
         t = MPI_TYPE[name]
-        if _direct.COUNTED_REDUCE_SCATTER:  # as the direct path posts it on MPICH
+        if _direct.COUNTED_REDUCE_SCATTER & 1 and out.nbytes >= _direct.COUNTED_FROM:
+            # as the direct path posts it on MPICH
             counts = [out.size] * self.size
             return self._post(
                 self.comm.Ireduce_scatter,

@@ -15,19 +15,22 @@ typedef struct {
      * MPI_IN_PLACE where the call has an in-place form), `count` elements (per rank for the
      * calls that split by rank); `comm`, `datatype` and `op` are handles as mpi4py gives
      * them, `root` the root or the peer. A blocking call (any kind but SEND and RECV)
-     * returns once done and leaves *request 0. `counts`: NULL, or for a non-blocking
-     * REDUCE_SCATTER each rank's count (MPI_Count, one per rank, alive until the request
-     * completes; the MPICH ABI's build only): then MPI_Ireduce_scatter_c, which MPICH runs
-     * with a faster algorithm than MPI_Ireduce_scatter_block_c. The MPI error code, or 0.
-     * Touches no Python object: the caller may release the GIL around it. */
+     * returns once done and leaves *request 0. `counts`: NULL, or for REDUCE_SCATTER each
+     * rank's count (one per rank, `count_bytes` wide, alive until the request completes):
+     * then MPI_(I)reduce_scatter, which some libraries run with a faster algorithm than
+     * MPI_(I)reduce_scatter_block. The MPI error code, or 0. Touches no Python object: the
+     * caller may release the GIL around it. */
     int (*post)(int kind, int blocking, unsigned long long comm, const void *send, void *recv,
                 long long count, unsigned long long datatype, unsigned long long op, int root,
-                const long long *counts, unsigned long long *request);
+                const void *counts, unsigned long long *request);
     /* MPI_Test on *request until it completes (*done 1) or HAND_BACK seconds past
      * `yield_after` have passed (*done 0): busy for `yield_after`, then yielding the core
      * after each test; one test where `yield_after` is below 0. The MPI error code, or 0.
      * Touches no Python object. */
     int (*poll)(unsigned long long *request, double yield_after, int *done);
+    /* the width of a count in post's `counts`: MPI_Count's, or int's where no large-count
+     * calls are used (Open MPI) */
+    int count_bytes;
 } Primitives;
 
 #endif

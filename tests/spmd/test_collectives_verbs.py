@@ -327,6 +327,29 @@ def test_reduce_scatter(comm, xp):
     cases.check()
 
 
+def test_reduce_scatter_of_slots_large_enough_to_be_given_counts(comm, xp):
+    # from COUNTED_FROM bytes a rank, MPICH's non-blocking and Open MPI's blocking calls are
+    # made with each rank's count (MPI_(I)reduce_scatter); below, and elsewhere, without
+    from collectives._direct import COUNTED_FROM
+
+    size, rank = comm.size, comm.rank
+    for count in (COUNTED_FROM // 4 - 1, COUNTED_FROM // 4):
+        stack = np.stack([np.arange(size * count, dtype=np.float32) % 7 + r for r in range(size)])
+        stack = stack.reshape(size, size, count)
+        expected = stack.sum(axis=0)[rank]
+        for mode in ("sync", "wait"):
+            what = f"reduce_scatter of {count} float32 a rank, {mode}"
+            async_op = mode != "sync"
+            x = xp.array(stack[rank])  # a copy: the in-place call writes it
+            out = xp.zeros(count, xp.float32)
+            assert finish(comm.reduce_scatter(x, out=out, async_op=async_op), mode, what) is out
+            np.testing.assert_array_equal(host(out), expected, err_msg=what)
+            finish(comm.reduce_scatter(x, out=x[rank], async_op=async_op), mode, what)
+            np.testing.assert_array_equal(host(x[rank]), expected, err_msg=what + " in place")
+            others = [r for r in range(size) if r != rank]
+            np.testing.assert_array_equal(host(x[others]), stack[rank][others], err_msg=what)
+
+
 def test_all_to_all(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
