@@ -1,10 +1,10 @@
 """The interface every backend implements, and what the NCCL backend is bootstrapped with.
 
 The front end (:class:`~collectives.Communicator`) checks arguments and keeps the books; a
-backend only moves data. Every verb takes the same ``(x, out, name, op, root)``: ``x`` the
-input (None where a rank sends nothing), ``out`` where the result goes (None where a rank
-receives nothing), ``name`` the dtype's name, ``op`` a :class:`ReduceOp` or None, ``root``
-the root or peer or None. A verb returns a :class:`Pending`. A backend that fails for good
+backend only moves data. Each verb takes what it needs of ``x`` the input (None where a
+rank sends nothing), ``out`` where the result goes (None where a rank receives nothing),
+``name`` the dtype's name, ``op`` a :class:`ReduceOp`, ``root`` a rank and ``peer`` the other
+rank, as cupyx's do. A verb returns a :class:`Pending`. A backend that fails for good
 (a timeout, an NCCL error) keeps the error in ``failure`` and raises it; the front end
 then declares the communicator dead.
 
@@ -15,7 +15,6 @@ callbacks for waiting and for failure. A backend reaches the front end through t
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol, TypeVar
 
 from mpi4py import MPI
@@ -29,8 +28,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: A backend verb, ``(x, out, name, op, root) -> Pending``, as :class:`Backend` lists them.
-Verb = Callable[[Any, Any, Any, Any, Any], Pending]
+#: A backend verb bound to all of its arguments but its arrays: ``verb(x, out) -> Pending``
+#: (what the front end runs, and the MPI backend's stager runs on host copies).
+Verb = Callable[[Any, Any], Pending]
 
 
 class Waiter(Protocol):
@@ -132,7 +132,7 @@ class Backend(Protocol):
 
     Example:
         >>> impl: Backend = MpiBackend(mpi_comm)
-        >>> pending = impl.all_reduce(x, x, "float32", ReduceOp.SUM, None)
+        >>> pending = impl.all_reduce(x, x, "float32", ReduceOp.SUM)
     """
 
     name: str
@@ -177,39 +177,20 @@ class Backend(Protocol):
         """Finish the calls in flight before a close (under the timeout)."""
         ...
 
-    def all_reduce(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def reduce(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def broadcast(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def all_gather(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def reduce_scatter(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def all_to_all(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def gather(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def scatter(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def send(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def recv(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
-    def barrier(
-        self, x: Any, out: Any, name: Any, op: ReduceOp | None, root: int | None
-    ) -> Pending: ...
+    # Each verb takes what it needs: ``x`` what is sent, ``out`` what is received into (the
+    # same array for an in-place call; None where a rank receives nothing), ``name`` the
+    # dtype's name, ``op`` a ReduceOp, ``root`` a rank, ``peer`` the other rank.
+    def all_reduce(self, x: Any, out: Any, name: str, op: ReduceOp) -> Pending: ...
+    def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> Pending: ...
+    def broadcast(self, x: Any, name: str, root: int) -> Pending: ...
+    def all_gather(self, x: Any, out: Any, name: str) -> Pending: ...
+    def reduce_scatter(self, x: Any, out: Any, name: str, op: ReduceOp) -> Pending: ...
+    def all_to_all(self, x: Any, out: Any, name: str) -> Pending: ...
+    def gather(self, x: Any, out: Any, name: str, root: int) -> Pending: ...
+    def scatter(self, x: Any, out: Any, name: str, root: int) -> Pending: ...
+    def send(self, x: Any, name: str, peer: int) -> Pending: ...
+    def recv(self, out: Any, name: str, peer: int) -> Pending: ...
+    def barrier(self) -> Pending: ...
     def group_start(self) -> None: ...
     def group_end(self, pendings: list) -> None: ...
     def split(
@@ -220,17 +201,25 @@ class Backend(Protocol):
 
 
 class Stager(Protocol):
-    """Runs a verb on host copies of device arrays (the MPI backend's, where not CUDA-aware)."""
+    """Runs a verb, on host copies where its arrays are on a device (the MPI backend's,
+    where not CUDA-aware): the front end hands it every call."""
 
-    def needs_staging(self, x: Any, out: Any) -> bool: ...
-    def staged(self, verb: Verb, x: Any, out: Any, name: Any, op: Any, root: Any) -> Pending: ...
+    def run(self, verb: Verb, x: Any, out: Any) -> Pending: ...
 
 
-#: The verbs (the methods that take ``x`` first), in the order above: what both backends have.
-VERBS = tuple(
-    name
-    for name, method in vars(Backend).items()
-    if callable(method) and list(inspect.signature(method).parameters)[1:2] == ["x"]
+#: The verbs, in the order above: what both backends have.
+VERBS = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "barrier",
 )
 
 

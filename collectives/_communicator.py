@@ -1,8 +1,9 @@
 """The public ``Communicator``: its verbs, bookkeeping, and dispatch to a backend.
 
 The verbs are thin: each checks its arguments locally (:mod:`._args`, so bad input fails
-before any communication), then ``_run`` keeps the books (:mod:`._books`) and hands the same
-``(x, out, name, op, root)`` to the backend's verb of the same name. Every verb on NumPy
+before any communication), then ``_run`` keeps the books (:mod:`._books`) and runs the
+backend's verb of the same name, bound to what it takes but its arrays (``verb(x, out)``,
+which the MPI backend's stager may run on host copies). Every verb on NumPy
 arrays on a backend with a direct path (MPI's: it sets it up, :meth:`Backend.direct_path`),
 synchronous or not, first tries that path (:mod:`._direct`), which keeps the same books in
 less. Ownership, closing and failure are in :mod:`._lifecycle`; the backend reaches the
@@ -11,7 +12,6 @@ communicator only through the :class:`~collectives._backend.BackendContext` it i
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -38,19 +38,19 @@ from ._errors import (
     CollectivesError,
     InvalidArgumentError,
 )
+from ._grouping import Grouping
 from ._guard import Guard
-from ._lifecycle import Lifecycle, usable_cores, world_ranks
+from ._lifecycle import usable_cores, world_ranks
 from ._ops import BY_NAME, ReduceOp
 from ._progress import ProgressBoard
-from ._work import Pending, Work
+from ._work import Work
 
 RECORDER_LENGTH = 64
 _get_ident = threading.get_ident
-_HOST = frozenset({np.ndarray, type(None)})
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
 
-class Communicator(Lifecycle):
+class Communicator(Grouping):
     """A group of ranks that run collectives together. Made by :func:`collectives.init`.
 
     Example:
@@ -188,9 +188,12 @@ class Communicator(Lifecycle):
         op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
         out = x if out is None else self._out("all_reduce", out, x, name, x.shape)
         result = as_given(out, name, *given)
+        impl = self._impl
         return self._run(
-            "all_reduce", self._impl.all_reduce, x, out, name, op, None, async_op, result
-        )
+            "all_reduce",
+            lambda x, out: impl.all_reduce(x, out, name, op),
+            x, out, name, op, None, async_op, result,
+        )  # fmt: skip
 
     def reduce(
         self,
@@ -215,10 +218,20 @@ class Communicator(Lifecycle):
             if out is not None:
                 self._out("reduce", out, x, name, x.shape)
             result = as_given(x, name, *given)
-            return self._run("reduce", self._impl.reduce, x, None, name, op, root, async_op, result)
+            verb = self._impl.reduce
+            return self._run(
+                "reduce",
+                lambda x, out: verb(x, out, name, op, root),
+                x, None, name, op, root, async_op, result,
+            )  # fmt: skip
         out = x if out is None else self._out("reduce", out, x, name, x.shape)
         result = as_given(out, name, *given)
-        return self._run("reduce", self._impl.reduce, x, out, name, op, root, async_op, result)
+        verb = self._impl.reduce
+        return self._run(
+            "reduce",
+            lambda x, out: verb(x, out, name, op, root),
+            x, out, name, op, root, async_op, result,
+        )  # fmt: skip
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
@@ -232,9 +245,12 @@ class Communicator(Lifecycle):
         self._root("broadcast", root)
         out = x if self.rank != root else None  # the root's x is only read
         result = as_given(x, name, given)
+        impl = self._impl
         return self._run(
-            "broadcast", self._impl.broadcast, x, out, name, None, root, async_op, result
-        )
+            "broadcast",
+            lambda x, out: impl.broadcast(x, name, root),
+            x, out, name, None, root, async_op, result,
+        )  # fmt: skip
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[r]`` is rank r's ``x``; ``out.shape == (size, *x.shape)``.
@@ -255,9 +271,12 @@ class Communicator(Lifecycle):
             else self._slot_out("all_gather", out, x, name, shape)
         )
         result = as_given(out, name, *given)
+        impl = self._impl
         return self._run(
-            "all_gather", self._impl.all_gather, x, out, name, None, None, async_op, result
-        )
+            "all_gather",
+            lambda x, out: impl.all_gather(x, out, name),
+            x, out, name, None, None, async_op, result,
+        )  # fmt: skip
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
@@ -278,9 +297,12 @@ class Communicator(Lifecycle):
         else:
             out = self._slot_out("reduce_scatter", out, x, name, shape, out_is_part=True)
         result = as_given(out, name, *given)
+        impl = self._impl
         return self._run(
-            "reduce_scatter", self._impl.reduce_scatter, x, out, name, op, None, async_op, result
-        )
+            "reduce_scatter",
+            lambda x, out: impl.reduce_scatter(x, out, name, op),
+            x, out, name, op, None, async_op, result,
+        )  # fmt: skip
 
     def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
@@ -296,9 +318,12 @@ class Communicator(Lifecycle):
             self._new(x, x.shape) if out is None else self._out("all_to_all", out, x, name, x.shape)
         )
         result = as_given(out, name, *given)
+        impl = self._impl
         return self._run(
-            "all_to_all", self._impl.all_to_all, x, out, name, None, None, async_op, result
-        )
+            "all_to_all",
+            lambda x, out: impl.all_to_all(x, out, name),
+            x, out, name, None, None, async_op, result,
+        )  # fmt: skip
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
@@ -311,11 +336,21 @@ class Communicator(Lifecycle):
         x, name = unwrap(x, "gather")
         self._root("gather", root)
         if self.rank != root:
-            return self._run("gather", self._impl.gather, x, None, name, None, root, async_op, None)
+            verb = self._impl.gather
+            return self._run(
+                "gather",
+                lambda x, out: verb(x, out, name, root),
+                x, None, name, None, root, async_op, None,
+            )  # fmt: skip
         shape = (self.size, *x.shape)
         out = self._new(x, shape) if out is None else self._slot_out("gather", out, x, name, shape)
         result = as_given(out, name, *given)
-        return self._run("gather", self._impl.gather, x, out, name, None, root, async_op, result)
+        verb = self._impl.gather
+        return self._run(
+            "gather",
+            lambda x, out: verb(x, out, name, root),
+            x, out, name, None, root, async_op, result,
+        )  # fmt: skip
 
     def scatter(
         self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False
@@ -347,9 +382,12 @@ class Communicator(Lifecycle):
             out, name = unwrap(out, "scatter", "out")
         send = x if self.rank == root else None
         result = as_given(out, name, *given)
+        impl = self._impl
         return self._run(
-            "scatter", self._impl.scatter, send, out, name, None, root, async_op, result
-        )
+            "scatter",
+            lambda x, out: impl.scatter(x, out, name, root),
+            send, out, name, None, root, async_op, result,
+        )  # fmt: skip
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
@@ -360,7 +398,12 @@ class Communicator(Lifecycle):
                 return result
         x, name = unwrap(x, "send")
         self._peer("send", peer)
-        return self._run("send", self._impl.send, x, None, name, None, peer, async_op, None)
+        impl = self._impl
+        return self._run(
+            "send",
+            lambda x, out: impl.send(x, name, peer),
+            x, None, name, None, peer, async_op, None,
+        )  # fmt: skip
 
     def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Receive into ``x`` from ``peer``."""
@@ -373,7 +416,12 @@ class Communicator(Lifecycle):
         x, name = unwrap(x, "recv")
         self._peer("recv", peer)
         result = as_given(x, name, given)
-        return self._run("recv", self._impl.recv, None, x, name, None, peer, async_op, result)
+        impl = self._impl
+        return self._run(
+            "recv",
+            lambda x, out: impl.recv(out, name, peer),
+            None, x, name, None, peer, async_op, result,
+        )  # fmt: skip
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
@@ -382,42 +430,12 @@ class Communicator(Lifecycle):
             result = fast.barrier(async_op)
             if result is not NotImplemented:
                 return result
+        impl = self._impl
         return self._run(
-            "barrier", self._impl.barrier, None, None, None, None, None, async_op, None
-        )
-
-    def group(self) -> _Group:
-        """Batch the calls inside into one launch; they complete when the block ends.
-
-        Example (a ring exchange that cannot deadlock):
-            >>> with comm.group():
-            ...     comm.send(x, (comm.rank + 1) % comm.size)
-            ...     comm.recv(y, (comm.rank - 1) % comm.size)
-        """
-        return _Group(self)
-
-    def _open_group(self) -> None:
-        self.ensure_usable("group")
-        self._own("group")
-        # First: a group_start that raises must leave no group open on this communicator.
-        self._impl.group_start()
-        self._group = []
-        books = self._books
-        books.grouped, books.held = True, []  # the direct path's calls are held there
-
-    def _close_group(self, failed: bool) -> None:
-        pendings, self._group = self._group or [], None
-        books = self._books
-        works, books.held = books.held or [], None
-        books.grouped = False
-        if self._unusable is None:
-            self._fast = self._direct
-        self._impl.group_end(pendings)
-        if not failed:
-            for pending in pendings:
-                self._wait(pending)
-            for work in works:
-                work.wait()
+            "barrier",
+            lambda x, out: impl.barrier(),
+            None, None, None, None, None, async_op, None,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- structure
 
@@ -488,6 +506,9 @@ class Communicator(Lifecycle):
         async_op: bool,
         result: Any,
     ) -> Any:
+        """Run ``verb(x, out)`` (the backend's verb, bound to the rest of its arguments) with
+        the books' steps around it; ``name``, ``op`` and ``root`` (the root or the peer) are
+        what the books record and check mode compares."""
         if self._unusable is not None:
             raise self._unusable_error(call)
         if _get_ident() != self._owner:
@@ -505,16 +526,7 @@ class Communicator(Lifecycle):
             array = x if x is not None else out
             seq = books.number(call, array, name, op, root)
             stager = self._stager
-            pending: Pending
-            if (
-                stager is not None
-                and "cupy" in sys.modules  # no CuPy imported: no device arrays to stage
-                and (type(x) not in _HOST or type(out) not in _HOST)
-                and stager.needs_staging(x, out)
-            ):
-                pending = stager.staged(verb, x, out, name, op, root)
-            else:
-                pending = verb(x, out, name, op, root)
+            pending = verb(x, out) if stager is None else stager.run(verb, x, out)
             pending.info = (seq, call, None if array is None else array.shape, name)
             if self._track:
                 pending.track = self._track
@@ -532,14 +544,6 @@ class Communicator(Lifecycle):
             self._mpi_error(call, e)
         finally:
             books.give()
-
-    # What a Work's wait() and synchronize() call (and a group's end): the backend context's
-    # one wait that may fail.
-    def _wait(self, pending: Pending) -> None:
-        self._context.complete(pending, block=False)
-
-    def _synchronize(self, pending: Pending) -> None:
-        self._context.complete(pending)
 
     # The argument checks (:mod:`._args`), with this communicator's rank and size.
     _op = staticmethod(checked_op)
@@ -564,26 +568,3 @@ class Communicator(Lifecycle):
 def _no_direct_path(request: Any, entry: Entry, args: tuple) -> None:
     """``books.wait_long`` where the backend has set up no direct path: never called."""
     raise RuntimeError("no direct path on this communicator")
-
-
-class _Group:
-    """``comm.group()``: the block's calls are held until it ends (a nested block joins the
-    outer one); a class rather than a generator, for the calls of small messages."""
-
-    __slots__ = ("_comm", "_outer")
-
-    def __init__(self, comm: Communicator):
-        self._comm = comm
-        self._outer = False
-
-    def __enter__(self) -> Communicator:
-        comm = self._comm
-        if comm._group is None:
-            comm._open_group()
-            self._outer = True
-        return comm
-
-    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
-        if self._outer:
-            self._outer = False
-            self._comm._close_group(failed=kind is not None)

@@ -1,8 +1,8 @@
 """The MPI backend: mpi4py's non-blocking buffer calls on NumPy arrays (never pickling).
 
-Every verb takes the same arguments ``(x, out, name, op, root)`` (the
-front end has checked them) and returns a :class:`MpiPending`. CuPy arrays are staged
-through host memory unless the MPI library is CUDA-aware (:meth:`MpiBackend.staged`). The
+Every verb takes the arguments it needs (:class:`~._backend.Backend` lists them; the front
+end has checked them) and returns a :class:`MpiPending`. CuPy arrays are staged through
+host memory unless the MPI library is CUDA-aware (:meth:`MpiBackend.run`). The
 backend also sets up the direct path (:mod:`._direct`) on the front end's books, and waits
 for its calls that last (:meth:`MpiBackend.direct_path`). The tables and the pending it
 stands on are in :mod:`._mpi_base`.
@@ -10,6 +10,7 @@ stands on are in :mod:`._mpi_base`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -40,7 +41,10 @@ from ._ops import ReduceOp
 from ._watchdog import WATCHDOG
 from ._work import Pending
 
-_REAP_AT = 64  # calls in flight on one communicator before those done are looked for
+_REAP_AT = 64
+_HOST = frozenset(
+    {np.ndarray, type(None)}
+)  # array types that are never staged  # calls in flight on one communicator before those done are looked for
 
 
 def _decode(x: Any, name: str) -> Any:
@@ -161,26 +165,26 @@ class MpiBackend:
         assert self._context is not None
         self._context.complete(self._direct_pending(request, entry, args))
 
-    # Each verb: (x, out, name, op, root) -> MpiPending.
+    # Each verb takes what it needs (see Backend) and gives an MpiPending.
 
-    def all_reduce(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def all_reduce(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
         if name in UPCAST:
-            return self._via_float32(self.all_reduce, x, out, name, op, root)
+            return self._via_float32(
+                lambda x, out, name: self.all_reduce(x, out, name, op), x, out, name
+            )
         if x.size > MAX_COUNT:
-            return self._in_parts(self.all_reduce, x, out, name, op, root)
+            return self._in_parts(lambda x, out: self.all_reduce(x, out, name, op), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(self.comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
 
-    def reduce(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
         if name in UPCAST:
-            return self._via_float32(self.reduce, x, out, name, op, root)
+            return self._via_float32(
+                lambda x, out, name: self.reduce(x, out, name, op, root), x, out, name
+            )
         if x.size > MAX_COUNT:
-            return self._in_parts(self.reduce, x, out, name, op, root)
+            return self._in_parts(lambda x, out: self.reduce(x, out, name, op, root), x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
             return self._post(self.comm.Ireduce, [x, t], None, MPI_OP[op], root)
@@ -189,16 +193,12 @@ class MpiBackend:
             self.comm.Ireduce, send, [out, t], MPI_OP[op], root, then=self._avg(op, out)
         )
 
-    def broadcast(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def broadcast(self, x: Any, name: str, root: int) -> MpiPending:
         if x.size > MAX_COUNT:
-            return self._in_parts(self.broadcast, x, out, name, op, root)
+            return self._in_parts(lambda x, out: self.broadcast(x, name, root), x, x)
         return self._post(self.comm.Ibcast, [x, MPI_TYPE[name]], root)
 
-    def all_gather(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def all_gather(self, x: Any, out: Any, name: str) -> MpiPending:
         in_place = is_slot(x, out, self.rank)
         if x.size > MAX_COUNT:
             return self._whole(_mpi_parts.all_gather(self, x, out, name, in_place), x, out)
@@ -206,15 +206,15 @@ class MpiBackend:
         send = MPI.IN_PLACE if in_place else [x, t]
         return self._post(self.comm.Iallgather, send, [out, t])
 
-    def reduce_scatter(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def reduce_scatter(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
         if name in UPCAST:
-            return self._via_float32(self.reduce_scatter, x, out, name, op, root)
+            return self._via_float32(
+                lambda x, out, name: self.reduce_scatter(x, out, name, op), x, out, name
+            )
         if is_slot(out, x, self.rank):
             # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
             result = array_module(out).empty_like(out)
-            pending = self.reduce_scatter(x, result, name, op, root)
+            pending = self.reduce_scatter(x, result, name, op)
             pending.finish = _chain(pending.finish, lambda: _copy(out, result))
             return pending
         if out.size > MAX_COUNT:
@@ -235,21 +235,17 @@ class MpiBackend:
             self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
         )
 
-    def all_to_all(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def all_to_all(self, x: Any, out: Any, name: str) -> MpiPending:
         if x.size // self.size > MAX_COUNT:
             return self._whole(_mpi_parts.all_to_all(self, x, out, name, MAX_COUNT), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(self.comm.Ialltoall, send, [out, t])
 
-    def gather(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def gather(self, x: Any, out: Any, name: str, root: int) -> MpiPending:
         if x.size > MAX_COUNT:
             in_place = is_slot(x, out, self.rank)
-            parts = _mpi_parts.gather(self, x, out, name, cast(int, root), in_place, MAX_COUNT)
+            parts = _mpi_parts.gather(self, x, out, name, root, in_place, MAX_COUNT)
             return self._whole(parts, x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
@@ -257,12 +253,10 @@ class MpiBackend:
         send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
         return self._post(self.comm.Igather, send, [out, t], root)
 
-    def scatter(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def scatter(self, x: Any, out: Any, name: str, root: int) -> MpiPending:
         if out.size > MAX_COUNT:
             in_place = is_slot(out, x, self.rank)
-            parts = _mpi_parts.scatter(self, x, out, name, cast(int, root), in_place, MAX_COUNT)
+            parts = _mpi_parts.scatter(self, x, out, name, root, in_place, MAX_COUNT)
             return self._whole(parts, x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
@@ -270,25 +264,17 @@ class MpiBackend:
         receive = MPI.IN_PLACE if is_slot(out, x, root) else [out, t]
         return self._post(self.comm.Iscatter, [x, t], receive, root)
 
-    def send(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def send(self, x: Any, name: str, peer: int) -> MpiPending:
         if x.size > MAX_COUNT:
-            peer = cast(int, root)
             return self._whole(_mpi_parts.sends(self, x, name, peer, _TAG, MAX_COUNT), x, None)
-        return self._post(self.comm.Isend, [x, MPI_TYPE[name]], root, _TAG)
+        return self._post(self.comm.Isend, [x, MPI_TYPE[name]], peer, _TAG)
 
-    def recv(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def recv(self, out: Any, name: str, peer: int) -> MpiPending:
         if out.size > MAX_COUNT:
-            peer = cast(int, root)
             return self._whole(_mpi_parts.recvs(self, out, name, peer, _TAG, MAX_COUNT), None, out)
-        return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], root, _TAG)
+        return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], peer, _TAG)
 
-    def barrier(
-        self, x: Any, out: Any, name: str, op: ReduceOp | None, root: int | None
-    ) -> MpiPending:
+    def barrier(self) -> MpiPending:
         return self._post(self.comm.Ibarrier)
 
     def _post(
@@ -312,17 +298,10 @@ class MpiBackend:
 
     # Helpers shared by the verbs.
 
-    def _in_parts(
-        self,
-        verb: Callable[..., MpiPending],
-        x: Any,
-        out: Any,
-        name: str,
-        op: ReduceOp | None,
-        root: int | None,
-    ) -> MpiPending:
-        """An element-wise call on more than ``MAX_COUNT`` elements, as one call per part of
-        at most that many (in the same order on every rank), completing together."""
+    def _in_parts(self, verb: Callable[[Any, Any], MpiPending], x: Any, out: Any) -> MpiPending:
+        """An element-wise call ``verb(x, out)`` on more than ``MAX_COUNT`` elements, as one
+        call per part of at most that many (in the same order on every rank), completing
+        together."""
         flat_x = x.reshape(-1)
         flat_out = None if out is None else (flat_x if out is x else out.reshape(-1))
         parts = []
@@ -333,7 +312,7 @@ class MpiBackend:
                 if flat_out is None
                 else (part_x if flat_out is flat_x else flat_out[start : start + MAX_COUNT])
             )
-            parts.append(verb(part_x, part_out, name, op, root))
+            parts.append(verb(part_x, part_out))
         return self._whole(parts, x, out)
 
     def _whole(self, parts: list[MpiPending], x: Any, out: Any) -> MpiPending:
@@ -348,31 +327,26 @@ class MpiBackend:
         return lambda: divide_in_place(out, size)
 
     def _via_float32(
-        self,
-        verb: Callable[..., MpiPending],
-        x: Any,
-        out: Any,
-        name: str,
-        op: ReduceOp | None,
-        root: int | None,
+        self, verb: Callable[[Any, Any, str], MpiPending], x: Any, out: Any, name: str
     ) -> MpiPending:
+        """``verb(x, out, name)`` of a 16-bit float type (UPCAST) on float32 copies."""
         wide_x = _decode(x, name)
         xp = array_module(wide_x)
         wide_out = (
             None if out is None else (wide_x if out is x else xp.empty(out.shape, xp.float32))
         )
-        pending = verb(wide_x, wide_out, "float32", op, root)
+        pending = verb(wide_x, wide_out, "float32")
         if out is not None:
             pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
         return pending
 
-    def staged(self, verb: Verb, x: Any, out: Any, name: Any, op: Any, root: Any) -> Pending:
-        """Run ``verb`` on host copies of CuPy arrays, copying ``out`` back when done."""
+    def staged(self, verb: Verb, x: Any, out: Any) -> Pending:
+        """Run ``verb(x, out)`` on host copies of CuPy arrays, copying ``out`` back when done."""
         import cupy
 
         if self.cuda_aware:
             cupy.cuda.get_current_stream().synchronize()
-            return verb(x, out, name, op, root)
+            return verb(x, out)
         host_x = None if x is None else cupy.asnumpy(x)
         if out is None:
             host_out = None
@@ -380,13 +354,21 @@ class MpiBackend:
             host_out = host_x
         else:
             host_out = np.empty(out.shape, out.dtype)
-        pending = verb(host_x, host_out, name, op, root)
+        pending = verb(host_x, host_out)
         if out is not None:
             pending.finish = _chain(pending.finish, lambda: out.set(host_out))
         return pending
 
-    def needs_staging(self, x: Any, out: Any) -> bool:
-        return is_device_array(x) or is_device_array(out)
+    def run(self, verb: Verb, x: Any, out: Any) -> Pending:
+        """``verb(x, out)``, staged (:meth:`staged`) where an array is CuPy's (the stager's
+        one call, which the front end makes for every general-path call)."""
+        if (
+            "cupy" in sys.modules  # no CuPy imported: no device arrays to stage
+            and (type(x) not in _HOST or type(out) not in _HOST)
+            and (is_device_array(x) or is_device_array(out))
+        ):
+            return self.staged(verb, x, out)
+        return verb(x, out)
 
     def group_start(self) -> None:
         pass

@@ -47,12 +47,10 @@ def all_gather(b: MpiBackend, x: Any, out: Any, name: str, in_place: bool) -> li
     if not in_place:
         slots[b.rank][...] = x.reshape(-1)
     # Rank r broadcasts its slot; the broadcasts split themselves into parts.
-    return [b.broadcast(slots[r], slots[r], name, None, r) for r in range(b.size)]
+    return [b.broadcast(slots[r], name, r) for r in range(b.size)]
 
 
-def reduce_scatter(
-    b: MpiBackend, x: Any, out: Any, name: str, op: ReduceOp | None
-) -> list[MpiPending]:
+def reduce_scatter(b: MpiBackend, x: Any, out: Any, name: str, op: ReduceOp) -> list[MpiPending]:
     blocks = x.reshape(b.size, -1)
     flat_out = out.reshape(-1)
     return [

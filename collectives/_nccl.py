@@ -189,11 +189,11 @@ class NcclBackend(WatchedCommunicator):
             return lambda: _numerics.divide_in_place(out, self.size)
         return None
 
-    # Each verb: (x, out, name, op, root) -> NcclPending. Everything a verb enqueues goes
+    # Each verb takes what it needs (see Backend) -> NcclPending. Everything a verb enqueues goes
     # through ``issue`` (NCCL) and ``then`` (what follows it), so that the completion event is
     # recorded after all of it.
 
-    def all_reduce(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def all_reduce(self, x: Any, out: Any, name: str, op: Any) -> NcclPending:
         count, dtype = self._count(x, name)
         code = self._op(op)
 
@@ -204,7 +204,7 @@ class NcclBackend(WatchedCommunicator):
             then=self._avg_fallback(op, out),
         )
 
-    def reduce(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def reduce(self, x: Any, out: Any, name: str, op: Any, root: int) -> NcclPending:
         count, dtype = self._count(x, name)
         code = self._op(op)
         target = x if out is None else out
@@ -216,7 +216,7 @@ class NcclBackend(WatchedCommunicator):
             then=None if out is None else self._avg_fallback(op, out),
         )
 
-    def broadcast(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def broadcast(self, x: Any, name: str, root: int) -> NcclPending:
         count, dtype = self._count(x, name)
         return self._launch(
             "broadcast",
@@ -224,7 +224,7 @@ class NcclBackend(WatchedCommunicator):
             lambda s: self.comm.broadcast(x.data.ptr, x.data.ptr, count, dtype, root, s),
         )
 
-    def all_gather(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def all_gather(self, x: Any, out: Any, name: str) -> NcclPending:
         count, dtype = self._count(x, name)
         return self._launch(
             "all_gather",
@@ -232,7 +232,7 @@ class NcclBackend(WatchedCommunicator):
             lambda s: self.comm.allGather(x.data.ptr, out.data.ptr, count, dtype, s),
         )
 
-    def reduce_scatter(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def reduce_scatter(self, x: Any, out: Any, name: str, op: Any) -> NcclPending:
         count, dtype = self._count(out, name)
         code = self._op(op)
 
@@ -243,7 +243,7 @@ class NcclBackend(WatchedCommunicator):
             then=self._avg_fallback(op, out),
         )
 
-    def all_to_all(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def all_to_all(self, x: Any, out: Any, name: str) -> NcclPending:
         in_place = out is x
         if in_place and groups.current().open:
             raise InvalidArgumentError(
@@ -272,7 +272,7 @@ class NcclBackend(WatchedCommunicator):
             then=copy_back if in_place else None,
         )
 
-    def gather(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def gather(self, x: Any, out: Any, name: str, root: int) -> NcclPending:
         count, dtype = self._count(x, name)
         sends, receives = [(x, root)], []
         if out is not None:
@@ -283,7 +283,7 @@ class NcclBackend(WatchedCommunicator):
             "gather", (x, out), lambda s: self._grouped_p2p(s, sends, receives, count, dtype)
         )
 
-    def scatter(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def scatter(self, x: Any, out: Any, name: str, root: int) -> NcclPending:
         count, dtype = self._count(out, name)
         sends, receives = [], [(out, root)]
         if x is not None:
@@ -294,19 +294,19 @@ class NcclBackend(WatchedCommunicator):
             "scatter", (x, out), lambda s: self._grouped_p2p(s, sends, receives, count, dtype)
         )
 
-    def send(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def send(self, x: Any, name: str, peer: int) -> NcclPending:
         count, dtype = self._count(x, name)
         return self._launch(
-            "send", (x,), lambda s: self.comm.send(x.data.ptr, count, dtype, root, s)
+            "send", (x,), lambda s: self.comm.send(x.data.ptr, count, dtype, peer, s)
         )
 
-    def recv(self, x: Any, out: Any, name: str, op: Any, root: Any) -> NcclPending:
+    def recv(self, out: Any, name: str, peer: int) -> NcclPending:
         count, dtype = self._count(out, name)
         return self._launch(
-            "recv", (out,), lambda s: self.comm.recv(out.data.ptr, count, dtype, root, s)
+            "recv", (out,), lambda s: self.comm.recv(out.data.ptr, count, dtype, peer, s)
         )
 
-    def barrier(self, x: Any, out: Any, name: Any, op: Any, root: Any) -> NcclPending:
+    def barrier(self) -> NcclPending:
         with self.cupy.cuda.Device(self.device):
             token = self.cupy.zeros(1, self.cupy.int32)
         return self._launch(
