@@ -15,6 +15,7 @@ callbacks for waiting and for failure. A backend reaches the front end through t
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol, TypeVar
 
 from mpi4py import MPI
@@ -207,19 +208,11 @@ class Stager(Protocol):
     def run(self, verb: Verb, x: Any, out: Any) -> Pending: ...
 
 
-#: The verbs, in the order above: what both backends have.
-VERBS = (
-    "all_reduce",
-    "reduce",
-    "broadcast",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "gather",
-    "scatter",
-    "send",
-    "recv",
-    "barrier",
+#: The verbs (the methods that give a Pending), in the order above: what both backends have.
+VERBS = tuple(
+    name
+    for name, member in vars(Backend).items()
+    if inspect.isfunction(member) and inspect.signature(member).return_annotation == "Pending"
 )
 
 

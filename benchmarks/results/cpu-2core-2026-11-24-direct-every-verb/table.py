@@ -40,7 +40,7 @@ def cell(values: list[float]) -> str:
 
 def main(runs: list[str]) -> None:
     names = [os.path.basename(r.rstrip("/")) for r in runs]
-    big = any(os.path.exists(f"{r}/all_reduce-sync-1M.json") for r in runs)
+    big = any(f.endswith("-1M.json") for r in runs for f in os.listdir(r))
     head = [f"small, {n}: median (range)" for n in names]
     head += [f"1 MiB, {n}" for n in names] if big else []
     print("| verb | mode | placement | " + " | ".join(head) + " |")
