@@ -82,8 +82,7 @@ typedef struct {
 /* _callbooks_run.c */
 PyObject *run(CallBooks *b, const Call *c);
 int copy_result(PyObject *to, PyObject *from);
-int poll_call(CallBooks *b, double yield_after, PyObject **request_obj,
-              unsigned long long *request);
+int poll_call(double yield_after, PyObject **request_obj, unsigned long long *request);
 PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);
 PyObject *CallBooks_give(CallBooks *b, PyObject *unused);

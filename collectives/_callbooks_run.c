@@ -184,10 +184,8 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
 
 /* Polls the request for yield_after seconds (below 0: tests it once): 1 done, 0 not yet, -1
  * an error set. */
-int poll_call(CallBooks *b, double yield_after, PyObject **request_obj,
-              unsigned long long *request)
+int poll_call(double yield_after, PyObject **request_obj, unsigned long long *request)
 {
-    (void)b;
     if (primitives == NULL) {
         PyObject *y = PyFloat_FromDouble(yield_after);
         PyObject *r =
@@ -298,9 +296,7 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
         }
     } else {
         /* polling failed: the call was posted, so its entry stays, never completed */
-        int done = request_obj == Py_None
-                       ? 1
-                       : poll_call(b, b->yield_after, &request_obj, &request);
+        int done = request_obj == Py_None ? 1 : poll_call(b->yield_after, &request_obj, &request);
         if (done == 0) {
             PyObject *r = PyObject_CallFunctionObjArgs(b->wait_long, request_obj, entry, arrays,
                                                        NULL);

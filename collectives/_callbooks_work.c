@@ -106,7 +106,7 @@ static int hand_over(Work *w)
 static int poll_direct(Work *w, double yield_after)
 {
     Py_INCREF(w); /* let_go may drop the books' reference, the last one besides the caller's */
-    int done = poll_call(w->books, yield_after, &w->request_obj, &w->request);
+    int done = poll_call(yield_after, &w->request_obj, &w->request);
     if (done > 0 && completed(w) < 0)
         done = -1;
     else if (done < 0 && PyErr_ExceptionMatches(mpi_exception)) {

@@ -6,7 +6,8 @@ backend's verb of the same name, bound to what it takes but its arrays (``verb(x
 which the MPI backend's stager may run on host copies). Every verb on NumPy
 arrays on a backend with a direct path (MPI's: it sets it up, :meth:`Backend.direct_path`),
 synchronous or not, first tries that path (:mod:`._direct`), which keeps the same books in
-less. Ownership, closing and failure are in :mod:`._lifecycle`; the backend reaches the
+less. Ownership, closing and failure are in :mod:`._lifecycle`, groups and the waits of
+held calls in :mod:`._grouping`; the backend reaches the
 communicator only through the :class:`~collectives._backend.BackendContext` it is given.
 """
 

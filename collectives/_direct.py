@@ -286,28 +286,36 @@ def _abi() -> str | None:
     return None
 
 
+#: how calls run where the C primitives do not: the books and checks in C, the MPI calls
+#: made by mpi4py (``_py_post``, ``_py_poll``)
+_ON_MPI4PY = "in C, the MPI calls through mpi4py"
+
+
 def _compiled() -> tuple[Any, str]:
     """(the C module and mpi4py's libmpi's call addresses, or None; why, in words)."""
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
-        return None, "in Python (COLLECTIVES_PURE_PYTHON=1)"
+        return None, f"{_ON_MPI4PY} (COLLECTIVES_PURE_PYTHON=1)"
     abi, path = _abi(), library_path()
     if abi is None or path is None:
         vendor = MPI.get_vendor()[0]
-        return None, f"in Python (the C path speaks the MPICH and Open MPI ABIs; this is {vendor})"
+        return (
+            None,
+            f"{_ON_MPI4PY} (the C path speaks the MPICH and Open MPI ABIs; this is {vendor})",
+        )
     try:
         if abi == "mpich":
             from . import _fastmpi as module  # type: ignore[attr-defined]
         else:
             from . import _fastmpi_ompi as module  # type: ignore[attr-defined]
     except ImportError:
-        return None, f"in Python (the C extension for the {abi} ABI was not built)"
+        return None, f"{_ON_MPI4PY} (the C extension for the {abi} ABI was not built)"
     if not hasattr(MPI.Request, "fromhandle"):
-        return None, "in Python (the C primitives need mpi4py >= 4)"
+        return None, f"{_ON_MPI4PY} (the C primitives need mpi4py >= 4)"
     try:
         lib = ctypes.CDLL(path)
         addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _CALLS[abi]]
     except (OSError, AttributeError):
-        return None, "in Python (this MPI lacks a call the C path makes)"
+        return None, f"{_ON_MPI4PY} (this MPI lacks a call the C path makes)"
     return (module, addresses), f"in C ({module.__name__} on {os.path.basename(path)})"
 
 

@@ -41,11 +41,11 @@ def test_the_communicator_says_which_path_runs_and_why(comm):
     said = comm.call_path
     assert said in repr(comm)
     if os.environ.get("COLLECTIVES_PURE_PYTHON") == "1":
-        assert "in Python (COLLECTIVES_PURE_PYTHON=1)" in said
+        assert "in C, the MPI calls through mpi4py (COLLECTIVES_PURE_PYTHON=1)" in said
     elif _direct.COMPILED:
         assert "in C (collectives._fastmpi" in said and " on libmpi" in said
     else:
-        assert "in Python (" in said  # and the reason: another ABI, no C extension...
+        assert "through mpi4py (" in said  # and the reason: another ABI, no C extension...
 
 
 @pytest.mark.skipif(os.environ.get("COLLECTIVES_PURE_PYTHON") == "1", reason="in Python now")
