@@ -166,7 +166,7 @@ def _py_poll(request: Any, yield_after: float) -> bool:
     polls = 0
     waited = 0.0
     while not test():  # an error here leaves the entry: the call was posted
-        if waited > yield_after:
+        if waited >= yield_after:  # from the first test where yield_after is 0
             sched_yield()
             if (waited := monotonic() - start) > yield_after + HAND_BACK:
                 return False

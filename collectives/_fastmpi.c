@@ -175,7 +175,9 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
     while ((rc = mpi_test(&request, done, status)) == 0 && !*done) {
         if (yield_after < 0) /* one test */
             break;
-        if (waited > yield_after) { /* yield after each test, for a while */
+        /* yield after each test, for a while (from the first where yield_after is 0: a
+         * rank that shares its core with another) */
+        if (waited >= yield_after) {
             sched_yield();
             if ((waited = now() - start) > yield_after + HAND_BACK)
                 break;
