@@ -451,7 +451,8 @@ PyMODINIT_FUNC PyInit__callbooks(void)
     Py_INCREF(&WorkType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0 ||
         PyModule_AddObject(m, "CallBooks", (PyObject *)&CallBooksType) < 0 ||
-        PyModule_AddObject(m, "Work", (PyObject *)&WorkType) < 0) {
+        PyModule_AddObject(m, "Work", (PyObject *)&WorkType) < 0 ||
+        PyModule_AddIntConstant(m, "REAP_AT", REAP_AT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

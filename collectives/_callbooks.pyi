@@ -74,6 +74,8 @@ class Work:
     @property
     def result(self) -> Any: ...
 
+REAP_AT: int
+
 def configure(
     point_to_point: frozenset, in_use_error: type, in_use_text: str, mpi_exception: type
 ) -> None: ...

@@ -16,7 +16,7 @@ from typing import Any, Callable, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct, _mpi_parts
+from . import _callbooks, _direct, _mpi_parts
 from ._arrays import array_module, is_device_array, is_slot
 from ._backend import BackendContext, Verb
 from ._books import CallBooks, Entry
@@ -41,10 +41,10 @@ from ._ops import ReduceOp
 from ._watchdog import WATCHDOG
 from ._work import Pending
 
-_REAP_AT = 64
-_HOST = frozenset(
-    {np.ndarray, type(None)}
-)  # array types that are never staged  # calls in flight on one communicator before those done are looked for
+#: calls in flight on one communicator before those done are looked for (the books' Works
+#: are looked for at the same count)
+_REAP_AT = _callbooks.REAP_AT
+_HOST = frozenset({np.ndarray, type(None)})  # array types that are never staged
 
 
 def _decode(x: Any, name: str) -> Any:
