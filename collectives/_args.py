@@ -48,6 +48,21 @@ def check_peer(call: str, peer: Any, rank: int, size: int, grouped: bool) -> Non
         )
 
 
+def check_sendrecv_peers(peer: Any, source: Any, rank: int, size: int, grouped: bool) -> None:
+    """A sendrecv's destination and source: to this rank only from it, or inside a group."""
+    for what, value in (("peer", peer), ("source", source)):
+        if type(value) is not int or not 0 <= value < size:
+            raise InvalidArgumentError(
+                f"sendrecv: {what} must be an int in [0, {size}), got {value!r}"
+            )
+    if (peer == rank) != (source == rank) and not grouped:
+        raise InvalidArgumentError(
+            f"sendrecv: peer {peer} and source {source}, one of them this rank: outside "
+            "comm.group() a rank's message to itself is only received by its sendrecv from "
+            "itself (peer and source both this rank)"
+        )
+
+
 def check_leading(call: str, x: Any, size: int) -> None:
     """``x``'s first axis is of the communicator's size."""
     if x.ndim == 0 or x.shape[0] != size:

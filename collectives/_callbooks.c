@@ -34,6 +34,7 @@ PyObject *empty;              /* numpy.empty */
 PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
 int counted_reduce_scatter;   /* _direct.COUNTED_REDUCE_SCATTER: 1 non-blocking, 2 blocking */
 Py_ssize_t counted_from;      /* _direct.COUNTED_FROM */
+int sendrecv_posted;          /* _direct.SENDRECV_POSTED */
 PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 /* ------------------------------------------------------------------------------- Entry */
@@ -342,6 +343,8 @@ static PyMethodDef books_methods[] = {
      "send(x, peer, async_op) -> None, its Work, or NotImplemented"},
     {"recv", (PyCFunction)(void (*)(void))CallBooks_recv, METH_FASTCALL,
      "recv(x, peer, async_op) -> x, its Work, or NotImplemented"},
+    {"sendrecv", (PyCFunction)(void (*)(void))CallBooks_sendrecv, METH_FASTCALL,
+     "sendrecv(x, peer, out, source, async_op) -> out, its Work, or NotImplemented"},
     {"barrier", (PyCFunction)CallBooks_barrier, METH_O,
      "barrier(async_op) -> None, its Work, or NotImplemented"},
     {NULL, NULL, 0, NULL},
@@ -382,18 +385,20 @@ static PyObject *configure(PyObject *self, PyObject *args)
 }
 
 /* use_primitives(capsule or None, py_post, py_poll, kinds, ndarray, fast_type, fast_op,
- * reduce_op, empty, counted_reduce_scatter, counted_from): _direct.py's, once */
+ * reduce_op, empty, counted_reduce_scatter, counted_from, sendrecv_posted): _direct.py's,
+ * once */
 static PyObject *use_primitives(PyObject *self, PyObject *args)
 {
     PyObject *capsule, *objects[8];
     PyObject **slots[8] = {&py_post, &py_poll,  &kind_names, &ndarray,
                            &fast_type, &fast_op, &reduce_op, &empty};
     (void)self;
-    int counted;
+    int counted, posted;
     Py_ssize_t from;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOin", &capsule, &objects[0], &objects[1],
+    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOinp", &capsule, &objects[0], &objects[1],
                           &PyTuple_Type, &objects[2], &objects[3], &PyDict_Type, &objects[4],
-                          &PyDict_Type, &objects[5], &objects[6], &objects[7], &counted, &from))
+                          &PyDict_Type, &objects[5], &objects[6], &objects[7], &counted, &from,
+                          &posted))
         return NULL;
     if (PyTuple_GET_SIZE(objects[2]) != KINDS) {
         PyErr_Format(PyExc_ValueError, "use_primitives: %d kinds expected", KINDS);
@@ -408,6 +413,7 @@ static PyObject *use_primitives(PyObject *self, PyObject *args)
     primitives = given;
     counted_reduce_scatter = counted;
     counted_from = from;
+    sendrecv_posted = posted;
     for (int i = 0; i < 8; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
@@ -420,7 +426,7 @@ static PyMethodDef module_methods[] = {
      "configure(point_to_point, in_use_error, in_use_text, mpi_exception)"},
     {"use_primitives", use_primitives, METH_VARARGS,
      "use_primitives(capsule, py_post, py_poll, kinds, ndarray, fast_type, fast_op, "
-     "reduce_op, empty, counted_reduce_scatter, counted_from)"},
+     "reduce_op, empty, counted_reduce_scatter, counted_from, sendrecv_posted)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,6 +28,7 @@ extern PyObject *empty;      /* numpy.empty */
 extern PyObject *kind_names; /* _direct.KINDS, a tuple of str */
 extern int counted_reduce_scatter; /* reduce_scatters given counts: 1 non-blocking, 2 blocking */
 extern Py_ssize_t counted_from;    /* bytes per rank from which they are */
+extern int sendrecv_posted;        /* the primitives post SENDRECV (MPI_Isendrecv): 1, or 0 */
 extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
 
 static inline double now(void)
@@ -67,14 +68,17 @@ typedef struct {
     PyObject *scratch;   /* a bytearray for the results of in-place forms, or NULL */
 } CallBooks;
 
-/* One checked direct-path call (the arguments of run()). */
+/* One checked direct-path call (the arguments of run()); the verbs make it with new_call()
+ * and set its fields by name. */
 typedef struct {
     int kind;
     PyObject *array, *name, *op, *root; /* for the books: what check mode compares */
     PyObject *result, *send, *recv;     /* send, recv: arrays, or None */
     long long count;
     PyObject *datatype, *mpi_op; /* handles (C primitives) or mpi4py objects */
-    int root_rank, async_op;
+    int root_rank;               /* the root, or the peer (a sendrecv's destination) */
+    int source_rank;             /* a sendrecv's source */
+    int async_op;
     PyObject *copy_to; /* where recv is copied once complete (an in-place form), or NULL */
     int counted;       /* a reduce_scatter large enough to be given each rank's count */
 } Call;
@@ -99,6 +103,7 @@ PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
 PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
 PyObject *CallBooks_send(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
 PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+PyObject *CallBooks_sendrecv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
 PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op);
 
 /* _callbooks_work.c: the Work of a call made with async_op=True */

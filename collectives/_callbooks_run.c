@@ -123,24 +123,26 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
                       unsigned long long *request)
 {
     if (primitives == NULL) {
-        PyObject *args[10] = {NULL};
+        PyObject *args[11] = {NULL};
         PyObject *r = NULL;
         args[0] = PyLong_FromLong(c->kind);
         args[5] = PyLong_FromLongLong(c->count);
         args[8] = PyLong_FromLong(c->root_rank);
-        if (args[0] && args[5] && args[8]) {
+        args[9] = PyLong_FromLong(c->source_rank);
+        if (args[0] && args[5] && args[8] && args[9]) {
             args[1] = blocking ? Py_True : Py_False;
             args[2] = b->handle;
             args[3] = c->send;
             args[4] = c->recv;
             args[6] = c->datatype;
             args[7] = c->mpi_op;
-            args[9] = counts;
-            r = PyObject_Vectorcall(py_post, args, 10, NULL);
+            args[10] = counts;
+            r = PyObject_Vectorcall(py_post, args, 11, NULL);
         }
         Py_XDECREF(args[0]);
         Py_XDECREF(args[5]);
         Py_XDECREF(args[8]);
+        Py_XDECREF(args[9]);
         return r;
     }
     int failed[3];
@@ -165,11 +167,11 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
     if (blocking) {
         Py_BEGIN_ALLOW_THREADS
         rc = primitives->post(c->kind, 1, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, words, request);
+                              c->root_rank, c->source_rank, words, request);
         Py_END_ALLOW_THREADS
     } else {
         rc = primitives->post(c->kind, 0, comm, sv.buf, rv.buf, c->count, datatype, op,
-                              c->root_rank, words, request);
+                              c->root_rank, c->source_rank, words, request);
     }
     if (sv.obj != NULL)
         PyBuffer_Release(&sv);
@@ -235,7 +237,9 @@ int copy_result(PyObject *to, PyObject *from)
 static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
 {
     int later = c->async_op || b->grouped;
-    /* point-to-point calls are never blocking: a rank may send before it receives */
+    /* point-to-point calls are not numbered as collectives; a send or a recv is never
+     * blocking (a rank may send before it receives), a sendrecv may be */
+    int p2p = c->kind == SEND || c->kind == RECV || c->kind == SENDRECV;
     int blocking = b->blocking && c->kind != SEND && c->kind != RECV && !later;
     /* each rank's count, as wide as the primitives take them, kept with the arrays until
      * the call completes */
@@ -254,8 +258,7 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     } else {
         Py_INCREF(counts);
     }
-    PyObject *entry = begin(b, call, c->kind == SEND || c->kind == RECV, c->array, c->name,
-                            c->op, c->root);
+    PyObject *entry = begin(b, call, p2p, c->array, c->name, c->op, c->root);
     if (entry == NULL) {
         Py_DECREF(counts);
         return NULL;

@@ -147,6 +147,39 @@ static int check_nargs(const char *form, Py_ssize_t nargs, Py_ssize_t expected)
     return -1;
 }
 
+/* A Call of `kind` on `array` (`types`: FAST_TYPE's (name, datatype), or NULL: none) that
+ * gives `result`: no op, root, send or recv until the verb sets them. */
+static Call new_call(int kind, PyObject *array, PyObject *types, PyObject *result)
+{
+    Call c = {
+        .kind = kind,
+        .array = array,
+        .name = types == NULL ? Py_None : PyTuple_GET_ITEM(types, 0),
+        .op = Py_None,
+        .root = Py_None,
+        .result = result,
+        .send = Py_None,
+        .recv = Py_None,
+        .datatype = types == NULL ? Py_None : PyTuple_GET_ITEM(types, 1),
+        .mpi_op = Py_None,
+    };
+    return c;
+}
+
+/* The call's op, FAST_OP's (ReduceOp, op handle). */
+static void set_op(Call *c, PyObject *ops)
+{
+    c->op = PyTuple_GET_ITEM(ops, 0);
+    c->mpi_op = PyTuple_GET_ITEM(ops, 1);
+}
+
+/* The call's root or peer: as given (for the books), and as a rank. */
+static void set_root(Call *c, PyObject *given, int rank)
+{
+    c->root = given;
+    c->root_rank = rank;
+}
+
 /* The end of every verb below: NotImplemented where `fits` is 0, the call's result where
  * 1, NULL where an error is set; the arrays are let go. */
 #define NOT_OURS ((PyObject *)-1)
@@ -194,9 +227,11 @@ PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t n
             return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
     }
     PyObject *result = in_place ? x : out;
-    Call c = {ALL_REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), Py_None,
-              result, in_place ? Py_None : x, result, elements(&a.v),
-              PyTuple_GET_ITEM(types, 1), PyTuple_GET_ITEM(ops, 1), 0, 0, NULL, 0};
+    Call c = new_call(ALL_REDUCE, x, types, result);
+    set_op(&c, ops);
+    c.send = in_place ? Py_None : x;
+    c.recv = result;
+    c.count = elements(&a.v);
     return run_checked(b, &c, args[3], &a, &o, NULL);
 }
 
@@ -212,8 +247,10 @@ PyObject *CallBooks_broadcast(CallBooks *b, PyObject *const *args, Py_ssize_t na
     PyObject *types = got > 0 ? arr_types(&a) : NULL;
     if (types == NULL)
         return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
-    Call c = {BROADCAST, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], x, Py_None, x,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL, 0};
+    Call c = new_call(BROADCAST, x, types, x);
+    set_root(&c, args[1], root);
+    c.recv = x;
+    c.count = elements(&a.v);
     return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
@@ -240,9 +277,12 @@ PyObject *CallBooks_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
     }
     PyObject *send = mine && in_place ? Py_None : x;
     PyObject *result = !mine ? Py_None : in_place ? x : out;
-    Call c = {REDUCE, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0), args[1],
-              mine ? result : x, send, result, elements(&a.v), PyTuple_GET_ITEM(types, 1),
-              PyTuple_GET_ITEM(ops, 1), root, 0, NULL, 0};
+    Call c = new_call(REDUCE, x, types, mine ? result : x);
+    set_op(&c, ops);
+    set_root(&c, args[1], root);
+    c.send = send;
+    c.recv = result;
+    c.count = elements(&a.v);
     return run_checked(b, &c, args[4], &a, &o, NULL);
 }
 
@@ -274,8 +314,10 @@ PyObject *CallBooks_all_gather(CallBooks *b, PyObject *const *args, Py_ssize_t n
         else if (!apart(&a.v, &o.v))
             return finish(NOT_OURS, &a, &o);
     }
-    Call c = {ALL_GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL, 0};
+    Call c = new_call(ALL_GATHER, x, types, out);
+    c.send = send;
+    c.recv = out;
+    c.count = elements(&a.v);
     return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
@@ -311,10 +353,13 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
     recv = out;
     if (in_place && (recv = made_out = scratch(b, o.v.len)) == NULL)
         return finish(NULL, &a, &o);
-    Call c = {REDUCE_SCATTER, x, PyTuple_GET_ITEM(types, 0), PyTuple_GET_ITEM(ops, 0),
-              Py_None, out, x, recv, elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1),
-              PyTuple_GET_ITEM(ops, 1), 0, 0, in_place ? out : NULL,
-              a.v.len / b->size >= counted_from};
+    Call c = new_call(REDUCE_SCATTER, x, types, out);
+    set_op(&c, ops);
+    c.send = x;
+    c.recv = recv;
+    c.count = elements(&a.v) / b->size;
+    c.copy_to = in_place ? out : NULL;
+    c.counted = a.v.len / b->size >= counted_from;
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -340,8 +385,10 @@ PyObject *CallBooks_all_to_all(CallBooks *b, PyObject *const *args, Py_ssize_t n
         if (got <= 0 || !made(&o, &a, a.v.ndim, a.v.shape) || !apart(&a.v, &o.v))
             return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
     }
-    Call c = {ALL_TO_ALL, x, PyTuple_GET_ITEM(types, 0), Py_None, Py_None, out, send, out,
-              elements(&a.v) / b->size, PyTuple_GET_ITEM(types, 1), Py_None, 0, 0, NULL, 0};
+    Call c = new_call(ALL_TO_ALL, x, types, out);
+    c.send = send;
+    c.recv = out;
+    c.count = elements(&a.v) / b->size;
     return run_checked(b, &c, args[2], &a, &o, made_out);
 }
 
@@ -376,8 +423,11 @@ PyObject *CallBooks_gather(CallBooks *b, PyObject *const *args, Py_ssize_t nargs
         else if (!apart(&a.v, &o.v))
             return finish(NOT_OURS, &a, &o);
     }
-    Call c = {GATHER, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out, send, out,
-              elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None, root, 0, NULL, 0};
+    Call c = new_call(GATHER, x, types, out);
+    set_root(&c, args[1], root);
+    c.send = send;
+    c.recv = out;
+    c.count = elements(&a.v);
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -428,9 +478,11 @@ PyObject *CallBooks_scatter(CallBooks *b, PyObject *const *args, Py_ssize_t narg
             return finish(NOT_OURS, &a, &o);
     }
     long long count = elements(x != Py_None ? &a.v : &o.v) / (x != Py_None ? b->size : 1);
-    Call c = {SCATTER, mine ? x : out, PyTuple_GET_ITEM(types, 0), Py_None, args[1], out,
-              mine ? x : Py_None, recv, count, PyTuple_GET_ITEM(types, 1), Py_None, root, 0,
-              NULL, 0};
+    Call c = new_call(SCATTER, mine ? x : out, types, out);
+    set_root(&c, args[1], root);
+    c.send = mine ? x : Py_None;
+    c.recv = recv;
+    c.count = count;
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 
@@ -448,10 +500,13 @@ static PyObject *point_to_point_call(CallBooks *b, PyObject *const *args, Py_ssi
     PyObject *types = got > 0 ? arr_types(&a) : NULL;
     if (types == NULL)
         return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
-    Call c = {kind, x, PyTuple_GET_ITEM(types, 0), Py_None, args[1],
-              kind == SEND ? Py_None : x, kind == SEND ? x : Py_None,
-              kind == SEND ? Py_None : x, elements(&a.v), PyTuple_GET_ITEM(types, 1), Py_None,
-              peer, 0, NULL, 0};
+    Call c = new_call(kind, x, types, kind == SEND ? Py_None : x);
+    set_root(&c, args[1], peer);
+    if (kind == SEND)
+        c.send = x;
+    else
+        c.recv = x;
+    c.count = elements(&a.v);
     return run_checked(b, &c, args[2], &a, &o, NULL);
 }
 
@@ -465,11 +520,43 @@ PyObject *CallBooks_recv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
     return point_to_point_call(b, args, nargs, RECV);
 }
 
+/* sendrecv(x, peer, out, source, async_op): x sent to peer, out (x's twin, apart from it, or
+ * None: a new one) received from source (None: peer); peers other than this rank. */
+PyObject *CallBooks_sendrecv(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_nargs("sendrecv(x, peer, out, source, async_op)", nargs, 5) < 0)
+        return NULL;
+    PyObject *x = args[0], *out = args[2], *made_out = NULL;
+    PyObject *source_given = args[3] == Py_None ? args[1] : args[3];
+    Arr a = {0}, o = {0};
+    int peer = sendrecv_posted ? rank_of(b, args[1], 1) : -1;
+    int source = peer < 0 ? -1 : rank_of(b, source_given, 1);
+    int got = source < 0 ? 0 : arr_take(x, 0, &a);
+    PyObject *types = got > 0 ? arr_types(&a) : NULL;
+    if (types == NULL)
+        return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    if (out == Py_None) {
+        out = made_out = new_array(a.v.ndim, a.v.shape, a.dtype);
+        if (out == NULL)
+            return finish(NULL, &a, &o);
+    } else {
+        got = arr_take(out, 1, &o);
+        if (got <= 0 || !made(&o, &a, a.v.ndim, a.v.shape) || !apart(&a.v, &o.v))
+            return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
+    }
+    Call c = new_call(SENDRECV, x, types, out);
+    set_root(&c, args[1], peer);
+    c.source_rank = source;
+    c.send = x;
+    c.recv = out;
+    c.count = elements(&a.v);
+    return run_checked(b, &c, args[4], &a, &o, made_out);
+}
+
 /* barrier(async_op) */
 PyObject *CallBooks_barrier(CallBooks *b, PyObject *async_op)
 {
-    Call c = {BARRIER, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None, 0,
-              Py_None, Py_None, 0, 0, NULL, 0};
+    Call c = new_call(BARRIER, Py_None, NULL, Py_None);
     c.async_op = PyObject_IsTrue(async_op);
     return c.async_op < 0 ? NULL : run(b, &c);
 }

@@ -33,7 +33,7 @@ from ._mpi_base import MpiPending
 from ._work import Pending
 
 #: calls between two ranks only: there is nothing to compare across the whole communicator
-POINT_TO_POINT = frozenset({"send", "recv"})
+POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})
 _DESCRIPTION = 512  # bytes of one rank's description of its call, as exchanged
 _LEFT: list = []  # private communicators not freed: a comparison may still be in flight
 

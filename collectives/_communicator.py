@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from . import _direct, _timeline
@@ -24,6 +23,7 @@ from ._args import (
     check_leading,
     check_peer,
     check_root,
+    check_sendrecv_peers,
     check_split,
     check_writeable,
     checked_op,
@@ -424,6 +424,39 @@ class Communicator(Grouping):
             None, x, name, None, peer, async_op, result,
         )  # fmt: skip
 
+    def sendrecv(
+        self,
+        x: Any,
+        peer: int,
+        *,
+        out: Any = None,
+        source: int | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Send ``x`` to ``peer`` and receive ``out`` (default: a new array like ``x``) from
+        ``source`` (default: ``peer``), as one call that no order of ranks can deadlock.
+
+        Example: ``left = comm.sendrecv(mine, (rank + 1) % size, source=(rank - 1) % size)``.
+        """
+        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
+        if fast is not None:
+            result = fast.sendrecv(x, peer, out, source, async_op)
+            if result is not NotImplemented:
+                return result
+        given = x, out
+        x, name = unwrap(x, "sendrecv")
+        source = peer if source is None else source
+        check_sendrecv_peers(peer, source, self.rank, self.size, self._group is not None)
+        out = self._new(x, x.shape) if out is None else self._out("sendrecv", out, x, name, x.shape)
+        if out is x:
+            raise InvalidArgumentError("sendrecv: out is x; it needs two arrays (or out=None)")
+        impl = self._impl
+        return self._run(
+            "sendrecv",
+            lambda x, out: impl.sendrecv(x, out, name, peer, source),
+            x, out, name, None, peer, async_op, as_given(out, name, *given),
+        )  # fmt: skip
+
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
         fast = self._fast  # the direct path (:mod:`._direct`), where it applies
@@ -456,12 +489,7 @@ class Communicator(Grouping):
             return None
         assert impl is not None  # every backend makes one for each member
         sub = Communicator(
-            impl,
-            child,
-            backend=self.backend,
-            timeout=self.timeout,
-            check=self._check_mode,
-            **extra,
+            impl, child, backend=self.backend, timeout=self.timeout, check=self._check_mode, **extra
         )
         # A part counts only its own ranks on the node; when the parent's ranks outnumber the
         # cores, a waiting rank of the part must yield its core as early as the parent's.
@@ -516,11 +544,7 @@ class Communicator(Grouping):
             self._own(call)
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
-        if type(out) is np.ndarray and not out.flags.writeable:
-            what = "x" if out is x else "out"
-            raise InvalidArgumentError(
-                f"{call}: {what} is read-only, and {call} writes its result there"
-            )
+        check_writeable(call, x, out)
         books = self._books
         books.take(call)
         try:

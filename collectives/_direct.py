@@ -26,8 +26,8 @@ request.
 
 On a communicator whose backend is ``blocking`` (``init(mpi_blocking=...)``; by default with
 Open MPI and Intel MPI, whose non-blocking collectives are slower than their blocking ones)
-every synchronous collective (not send and recv: a rank may send before it receives) is a
-blocking MPI call; MPI never matches a blocking collective with a non-blocking one, so every
+every synchronous collective and sendrecv (not send and recv: a rank may send before it
+receives) is a blocking MPI call; MPI never matches a blocking collective with a non-blocking one, so every
 rank must make the call alike, synchronous or not. A blocking call cannot be interrupted, so a stuck one is ended by :data:`._watchdog.WATCHDOG`, which prints the
 timeout error and aborts the job.
 
@@ -82,6 +82,7 @@ KINDS = (
     "send",
     "recv",
     "barrier",
+    "sendrecv",
 )
 (
     ALL_REDUCE,
@@ -95,6 +96,7 @@ KINDS = (
     SEND,
     RECV,
     BARRIER,
+    SENDRECV,
 ) = range(len(KINDS))
 
 
@@ -115,12 +117,14 @@ def _py_post(
     t: Any,
     op: Any,
     root: int,
+    source: int = 0,
     counts: Any = None,
 ) -> Any:
     """The primitive ``post`` (``_primitives.h``) on mpi4py: the request, or None once a
-    blocking call returned. ``counts``: None, or each rank's count of a reduce_scatter (int64
-    words): ``(I)reduce_scatter`` then."""
-    b = blocking and kind != SEND and kind != RECV  # point-to-point is never blocking
+    blocking call returned. ``root``: the root, or the peer (a sendrecv's destination);
+    ``source``: a sendrecv's; ``counts``: None, or each rank's count of a reduce_scatter
+    (int64 words): ``(I)reduce_scatter`` then."""
+    b = blocking and kind != SEND and kind != RECV  # a send or a recv is never blocking
     if kind == ALL_REDUCE:
         return (comm.Allreduce if b else comm.Iallreduce)(_spec(s, t, _IN_PLACE), [r, t], op)
     if kind == BROADCAST:
@@ -148,6 +152,9 @@ def _py_post(
         return comm.Isend([s, t], root, _TAG)
     if kind == RECV:
         return comm.Irecv([r, t], root, _TAG)
+    if kind == SENDRECV:
+        post = comm.Sendrecv if b else comm.Isendrecv
+        return post([s, t], root, _TAG, [r, t], source, _TAG)
     return comm.Barrier() if b else comm.Ibarrier()
 
 
@@ -234,6 +241,13 @@ def recv(books: CallBooks, x: Any, peer: Any, async_op: bool = False) -> Any:
     return books.recv(x, peer, async_op)
 
 
+def sendrecv(
+    books: CallBooks, x: Any, peer: Any, out: Any, source: Any, async_op: bool = False
+) -> Any:
+    """``Communicator.sendrecv`` of NumPy arrays, or NotImplemented."""
+    return books.sendrecv(x, peer, out, source, async_op)
+
+
 def barrier(books: CallBooks, async_op: bool = False) -> Any:
     """``Communicator.barrier``, or NotImplemented."""
     return books.barrier(async_op)
@@ -242,7 +256,8 @@ def barrier(books: CallBooks, async_op: bool = False) -> Any:
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
 #: then the blocking call of each kind, then the reduce_scatter with counts (non-blocking,
 #: blocking), then MPI_Test;
-#: Open MPI 5 has no large-count (``_c``) calls
+#: Open MPI 5 has no large-count (``_c``) calls; an MPI before 4.0 has no sendrecv's
+#: (:data:`_OPTIONAL`)
 _MPICH_CALLS = (
     "MPI_Iallreduce_c",
     "MPI_Ibcast_c",
@@ -255,6 +270,7 @@ _MPICH_CALLS = (
     "MPI_Isend_c",
     "MPI_Irecv_c",
     "MPI_Ibarrier",
+    "MPI_Isendrecv_c",
     "MPI_Allreduce_c",
     "MPI_Bcast_c",
     "MPI_Reduce_c",
@@ -266,6 +282,7 @@ _MPICH_CALLS = (
     "MPI_Send_c",
     "MPI_Recv_c",
     "MPI_Barrier",
+    "MPI_Sendrecv_c",
     "MPI_Ireduce_scatter_c",
     "MPI_Reduce_scatter_c",
     "MPI_Test",
@@ -274,6 +291,15 @@ _CALLS = {
     "mpich": _MPICH_CALLS,
     "ompi": tuple(name[:-2] if name.endswith("_c") else name for name in _MPICH_CALLS),
 }
+#: the calls an MPI before 4.0 lacks: a sendrecv is then not the direct path's
+_OPTIONAL = frozenset({"MPI_Isendrecv", "MPI_Isendrecv_c", "MPI_Sendrecv", "MPI_Sendrecv_c"})
+
+
+def _address(lib: Any, name: str) -> int:
+    """The address of ``name`` in ``lib``; 0 for a missing call of :data:`_OPTIONAL`."""
+    if name in _OPTIONAL and not hasattr(lib, name):
+        return 0
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
 
 
 def _abi() -> str | None:
@@ -313,7 +339,7 @@ def _compiled() -> tuple[Any, str]:
         return None, f"{_ON_MPI4PY} (the C primitives need mpi4py >= 4)"
     try:
         lib = ctypes.CDLL(path)
-        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _CALLS[abi]]
+        addresses = [_address(lib, name) for name in _CALLS[abi]]
     except (OSError, AttributeError):
         return None, f"{_ON_MPI4PY} (this MPI lacks a call the C path makes)"
     return (module, addresses), f"in C ({module.__name__} on {os.path.basename(path)})"
@@ -355,6 +381,25 @@ if _FAST is not None:
     request = _c_request
 else:
     request = _py_request
+
+
+def _mpi_has_isendrecv() -> bool:
+    """Whether this MPI has ``MPI_Isendrecv`` (MPI 4.0, with ``MPI_Sendrecv``) and mpi4py
+    calls it."""
+    if not hasattr(MPI.Comm, "Isendrecv"):
+        return False
+    if _FAST is not None:
+        return bool(_FAST[1][SENDRECV] and _FAST[1][len(KINDS) + SENDRECV])
+    path = library_path()
+    try:
+        return path is not None and hasattr(ctypes.CDLL(path), "MPI_Isendrecv")
+    except OSError:
+        return False
+
+
+#: whether a sendrecv is one MPI call (``MPI_Isendrecv``); without it, an ``MPI_Irecv`` and
+#: an ``MPI_Isend`` that complete together (the general path)
+SENDRECV_POSTED = _mpi_has_isendrecv()
 #: which reduce_scatters are posted with each rank's count, by library (1 the non-blocking
 #: ones, 2 the blocking ones): MPICH's ``MPI_Ireduce_scatter_block`` and Open MPI's
 #: ``MPI_Reduce_scatter_block`` pick algorithms several times slower from 128 KiB than the
@@ -376,4 +421,5 @@ _callbooks.use_primitives(
     np.empty,
     COUNTED_REDUCE_SCATTER,
     COUNTED_FROM,
+    SENDRECV_POSTED,
 )

@@ -47,6 +47,8 @@ typedef int (*ReduceScatterVFn)(In, Out, const Count *, Handle, Handle, Handle);
 typedef int (*IrootedFn)(In, Count, Handle, Out, Count, Handle, int, Handle, Req);
 typedef int (*IsendFn)(In, Count, Handle, int, int, Handle, Req);
 typedef int (*IrecvFn)(Out, Count, Handle, int, int, Handle, Req);
+typedef int (*IsendrecvFn)(In, Count, Handle, int, int, Out, Count, Handle, int, int, Handle,
+                           Req);
 typedef int (*IbarrierFn)(Handle, Req);
 /* the blocking calls, for communicators that ask for them */
 typedef int (*AllreduceFn)(In, Out, Count, Handle, Handle, Handle);
@@ -55,10 +57,13 @@ typedef int (*ReduceFn)(In, Out, Count, Handle, Handle, int, Handle);
 typedef int (*AllgatherFn)(In, Count, Handle, Out, Count, Handle, Handle);
 typedef int (*RootedFn)(In, Count, Handle, Out, Count, Handle, int, Handle);
 typedef int (*BarrierFn)(Handle);
+typedef int (*SendrecvFn)(In, Count, Handle, int, int, Out, Count, Handle, int, int, Handle,
+                          void *);
 typedef int (*TestFn)(Req, int *, void *);
 
 static void *calls[KINDS];        /* the non-blocking MPI call of each kind */
-static void *blocking_calls[KINDS]; /* the blocking MPI call of each kind (send, recv unused) */
+/* the blocking MPI call of each kind (those of send and recv unused) */
+static void *blocking_calls[KINDS];
 static TestFn mpi_test;
 /* MPI_Ireduce_scatter(_c) and MPI_Reduce_scatter(_c): the reduce_scatter with counts */
 static void *ireduce_scatter_v, *reduce_scatter_v;
@@ -89,7 +94,7 @@ static Handle as_handle(unsigned long long v)
 /* Primitives.post (_primitives.h) */
 static int post(int kind, int blocking, unsigned long long comm_handle, const void *send,
                 void *recv, long long count, unsigned long long datatype_handle,
-                unsigned long long op_handle, int root, const void *counts,
+                unsigned long long op_handle, int root, int source, const void *counts,
                 unsigned long long *request_handle)
 {
     Handle comm = as_handle(comm_handle), datatype = as_handle(datatype_handle);
@@ -102,8 +107,12 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
     int rc;
     *request_handle = 0;
     if (blocking && kind != SEND && kind != RECV) {
+        int status[16]; /* MPI_Status: 20 bytes under the MPICH ABI, 24 under Open MPI's */
         f = blocking_calls[kind];
         switch (kind) {
+        case SENDRECV:
+            return ((SendrecvFn)f)(s, n, datatype, root, tag, r, n, datatype, source, tag,
+                                   comm, status);
         case REDUCE_SCATTER:
             if (counts != NULL)
                 return ((ReduceScatterVFn)reduce_scatter_v)(s, r, counts, datatype, op, comm);
@@ -155,6 +164,10 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
     case RECV:
         rc = ((IrecvFn)f)(r, n, datatype, root, tag, comm, &request);
         break;
+    case SENDRECV: /* the books post it only where setup() was given the call */
+        rc = ((IsendrecvFn)f)(s, n, datatype, root, tag, r, n, datatype, source, tag, comm,
+                              &request);
+        break;
     default:
         rc = ((IbarrierFn)f)(comm, &request);
     }
@@ -193,7 +206,7 @@ static const Primitives primitives = {post, poll, (int)sizeof(Count)};
 
 /* setup(addresses, in_place, tag): addresses are the non-blocking calls of each kind, then
  * the blocking call of each kind, then MPI_Ireduce_scatter(_c) and MPI_Reduce_scatter(_c),
- * then MPI_Test. */
+ * then MPI_Test. Only the sendrecv's may be 0: an MPI before 4.0 has no MPI_Isendrecv. */
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     PyObject *addresses;
@@ -209,9 +222,10 @@ static PyObject *setup(PyObject *self, PyObject *args)
     void *found[2 * KINDS + 3];
     for (int i = 0; i < 2 * KINDS + 3; i++) {
         found[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(addresses, i));
-        if (found[i] == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "setup: a null address");
+        if (found[i] == NULL && PyErr_Occurred())
+            return NULL;
+        if (found[i] == NULL && i != SENDRECV && i != KINDS + SENDRECV) {
+            PyErr_SetString(PyExc_ValueError, "setup: a null address");
             return NULL;
         }
     }

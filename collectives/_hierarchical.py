@@ -424,6 +424,17 @@ class HierarchicalCommunicator:
     def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         return self.parent.recv(x, peer, async_op=async_op)
 
+    def sendrecv(
+        self,
+        x: Any,
+        peer: int,
+        *,
+        out: Any = None,
+        source: int | None = None,
+        async_op: bool = False,
+    ) -> Any:
+        return self.parent.sendrecv(x, peer, out=out, source=source, async_op=async_op)
+
     def barrier(self, *, async_op: bool = False) -> Any:
         return self.parent.barrier(async_op=async_op)
 

@@ -274,6 +274,14 @@ class MpiBackend:
             return self._whole(_mpi_parts.recvs(self, out, name, peer, _TAG, MAX_COUNT), None, out)
         return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], peer, _TAG)
 
+    def sendrecv(self, x: Any, out: Any, name: str, peer: int, source: int) -> MpiPending:
+        if x.size > MAX_COUNT or not _direct.SENDRECV_POSTED:  # (before MPI 4.0)
+            # a recv and a send that complete together: they match the peers' as one would
+            parts = [self.recv(out, name, source), self.send(x, name, peer)]
+            return self._whole(parts, x, out)
+        t = MPI_TYPE[name]
+        return self._post(self.comm.Isendrecv, [x, t], peer, _TAG, [out, t], source, _TAG)
+
     def barrier(self) -> MpiPending:
         return self._post(self.comm.Ibarrier)
 

@@ -306,6 +306,14 @@ class NcclBackend(WatchedCommunicator):
             "recv", (out,), lambda s: self.comm.recv(out.data.ptr, count, dtype, peer, s)
         )
 
+    def sendrecv(self, x: Any, out: Any, name: str, peer: int, source: int) -> NcclPending:
+        count, dtype = self._count(x, name)
+        return self._launch(
+            "sendrecv",
+            (x, out),
+            lambda s: self._grouped_p2p(s, [(x, peer)], [(out, source)], count, dtype),
+        )
+
     def barrier(self) -> NcclPending:
         with self.cupy.cuda.Device(self.device):
             token = self.cupy.zeros(1, self.cupy.int32)

@@ -5,7 +5,7 @@
 #define COLLECTIVES_PRIMITIVES_H
 
 enum { ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER,
-       SEND, RECV, BARRIER, KINDS };
+       SEND, RECV, BARRIER, SENDRECV, KINDS };
 
 /* the name of the capsule that _fastmpi's `primitives` is */
 #define PRIMITIVES_CAPSULE "collectives._fastmpi.primitives"
@@ -14,7 +14,8 @@ typedef struct {
     /* Posts the MPI call `kind` on `send` and `recv` (NULL where the caller gave None: then
      * MPI_IN_PLACE where the call has an in-place form), `count` elements (per rank for the
      * calls that split by rank); `comm`, `datatype` and `op` are handles as mpi4py gives
-     * them, `root` the root or the peer. A blocking call (any kind but SEND and RECV)
+     * them, `root` the root or the peer (a SENDRECV's destination), `source` a SENDRECV's
+     * source. A blocking call (any kind but SEND and RECV, which are never blocking)
      * returns once done and leaves *request 0. `counts`: NULL, or for REDUCE_SCATTER each
      * rank's count (one per rank, `count_bytes` wide, alive until the request completes):
      * then MPI_(I)reduce_scatter, which some libraries run with a faster algorithm than
@@ -22,7 +23,7 @@ typedef struct {
      * caller may release the GIL around it. */
     int (*post)(int kind, int blocking, unsigned long long comm, const void *send, void *recv,
                 long long count, unsigned long long datatype, unsigned long long op, int root,
-                const void *counts, unsigned long long *request);
+                int source, const void *counts, unsigned long long *request);
     /* MPI_Test on *request until it completes (*done 1) or HAND_BACK seconds past
      * `yield_after` have passed (*done 0): busy for `yield_after`, then yielding the core
      * after each test; one test where `yield_after` is below 0. The MPI error code, or 0.

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 _WORDS = 4  # per rank: its collective number, check mode's two slots, its blocking call
 #: the calls a rank posts it is inside, by code (``inside`` words: ``nth * 16 + code``); the
-#: code is the direct path's kind + 1 (``_direct.KINDS``; its point-to-point calls never block)
+#: code is the direct path's kind + 1 (``_direct.KINDS``; its sends and recvs never block)
 BLOCKING_CALLS = {
     1: "all_reduce",
     2: "broadcast",
@@ -31,6 +31,7 @@ BLOCKING_CALLS = {
     7: "gather",
     8: "scatter",
     11: "barrier",
+    12: "sendrecv",
 }
 _TEXT = 120  # per rank: the call it waits in, "all_reduce (shape (3,), float64)", UTF-8
 _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text

@@ -1,6 +1,7 @@
 """mpiexec -n 4 python examples/quickstart.py
 
-The README's quickstart: a few collectives, a batch of send/recv pairs, and a device mesh.
+The README's quickstart: a few collectives, a batch of send/recv pairs, a sendrecv and a
+device mesh.
 Runs on NCCL with CuPy arrays when every rank has a GPU, else on MPI with NumPy arrays.
 """
 
@@ -16,10 +17,13 @@ with col.init() as comm:  # NCCL if every rank has a GPU, else MPI
     # ... overlap other work here ...
     work.wait()
 
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     received = xp.empty_like(x)
     with comm.group():  # many send/recv pairs, no deadlock
-        comm.send(x, (comm.rank + 1) % comm.size)
-        comm.recv(received, (comm.rank - 1) % comm.size)
+        comm.send(x, right)
+        comm.recv(received, left)
+    from_left = comm.sendrecv(x, right, source=left)  # one pair in one call
+    assert (from_left == received).all()
 
     if comm.size % 2 == 0:
         with col.DeviceMesh(comm, {"dp": comm.size // 2, "tp": 2}) as mesh:

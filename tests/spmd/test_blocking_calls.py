@@ -76,3 +76,23 @@ def test_every_other_collective(comm):
     np.testing.assert_array_equal(got, every[rank])
     comm.barrier()
     assert [c["state"] for c in comm.flight_record()][-7:] == ["completed"] * 7
+
+
+def test_sendrecv_matches_sends_and_recvs_either_way(comm):
+    """A blocking sendrecv pairs with the peer's non-blocking send and recv, and its own."""
+    size, rank = comm.size, comm.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    mine = np.arange(4.0) + rank
+    out = np.empty_like(mine)
+    assert comm.sendrecv(mine, right, out=out, source=left) is out
+    np.testing.assert_array_equal(out, np.arange(4.0) + left)
+    peer = rank ^ 1
+    if peer < size:
+        if rank % 2:
+            got = comm.sendrecv(mine, peer)
+        else:
+            got = np.empty_like(mine)
+            comm.recv(got, peer)
+            comm.send(mine, peer)
+        np.testing.assert_array_equal(got, np.arange(4.0) + peer)
+    assert [c["state"] for c in comm.flight_record()] == ["completed"] * len(comm.flight_record())

@@ -294,6 +294,38 @@ def test_peer_out_of_range_and_self(comm, xp):
     in_step(comm, xp)
 
 
+def test_sendrecv_peers_and_out(comm, xp):
+    size, rank = comm.size, comm.rank
+    x = xp.zeros(2, np.float32)
+    other = (rank + 1) % size
+    for peer in (size, -1, 0.0, None):
+        with fails("sendrecv", f"peer must be an int in [0, {size}), got {peer!r}"):
+            comm.sendrecv(x, peer)
+        if peer is not None:  # (source=None is the peer)
+            with fails("sendrecv", f"source must be an int in [0, {size}), got {peer!r}"):
+                comm.sendrecv(x, rank, source=peer)
+    if size > 1:  # a message to itself that its sendrecv does not receive, or the reverse
+        with fails("sendrecv", f"peer {rank} and source {other}", "comm.group()"):
+            comm.sendrecv(x, rank, source=other)
+        with fails("sendrecv", f"peer {other} and source {rank}", "comm.group()"):
+            comm.sendrecv(x, other, source=rank, async_op=True)
+    with fails("sendrecv", "out is x", "two arrays"):
+        comm.sendrecv(x, other, out=x)
+    with fails("sendrecv", "out"):
+        comm.sendrecv(x, other, out=xp.zeros(3, np.float32))
+    with fails("sendrecv", "out"):
+        comm.sendrecv(x, other, out=xp.zeros(2, np.float64))
+    if xp is np:
+        buf = np.zeros(4, np.float32)
+        with fails("sendrecv", "overlaps"):
+            comm.sendrecv(buf[:2], other, out=buf[1:3])
+        read_only = np.zeros(2, np.float32)
+        read_only.flags.writeable = False
+        with fails("sendrecv", "read-only"):
+            comm.sendrecv(x, other, out=read_only)
+    in_step(comm, xp)
+
+
 def test_bad_op(comm, xp):
     size = comm.size
     x = xp.zeros(2, np.float32)

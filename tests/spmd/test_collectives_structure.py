@@ -195,6 +195,29 @@ def test_send_recv_to_self_inside_group(comm, xp):
     np.testing.assert_array_equal(host(y), host(x))
 
 
+def test_sendrecv_inside_group_with_sends_and_recvs(comm, xp):
+    """Inside a group a sendrecv may send to this rank while a recv of the group receives it
+    (and the reverse); it completes with the group."""
+    size, rank = comm.size, comm.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    x = xp.arange(3, dtype=np.float64) + rank
+    to_self, from_left = xp.zeros_like(x), xp.zeros_like(x)
+    with comm.group():
+        got = comm.sendrecv(x, rank, source=left)  # x to itself
+        comm.send(x, right)  # received by the right's sendrecv
+        comm.recv(to_self, rank)
+        work = comm.sendrecv(x + 100, right, source=rank, async_op=True)
+        comm.send(x + 200, rank)
+        comm.recv(from_left, left)
+    mine, lefts = host(x), host(x) - rank + left
+    np.testing.assert_array_equal(host(got), lefts)
+    np.testing.assert_array_equal(host(to_self), mine)
+    # one rank: every message is to itself, received in the order sent
+    expected = (mine + 100, mine + 200) if size == 1 else (mine + 200, lefts + 100)
+    np.testing.assert_array_equal(host(work.wait()), expected[0])
+    np.testing.assert_array_equal(host(from_left), expected[1])
+
+
 def test_group_error_inside_block_propagates(comm, xp):
     """An exception raised inside the block propagates unchanged; the queued calls still run."""
     size, rank = comm.size, comm.rank

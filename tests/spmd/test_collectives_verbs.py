@@ -519,6 +519,58 @@ def test_send_recv_pairs_without_group(comm, xp):
     cases.check()
 
 
+def test_sendrecv_ring(comm, xp):
+    """Each rank sends to the next and receives from the previous in one call, into ``out``
+    or into an array the call makes."""
+    cases = Cases()
+    size, rank = comm.size, comm.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for name in DTYPES:
+        for (shape, mode), given in zip(CASES, [True, False] * len(CASES)):
+            what = f"sendrecv ring {name} shape={shape} {mode} out {'given' if given else 'made'}"
+            with cases.case(what):
+                mine = xp.asarray(encode(values(name, shape, rank), name))
+                got = xp.zeros_like(mine)
+                out = wrap(got, name) if given else None
+                ret = comm.sendrecv(
+                    wrap(mine, name), right, out=out, source=left, async_op=mode != "sync"
+                )
+                if mode != "sync":
+                    ret = finish(ret, mode, what)
+                if given:
+                    assert ret is got, what
+                else:
+                    got = ret
+                check(got, values(name, shape, left), name, "sum", what)
+                check(mine, values(name, shape, rank), name, "sum", what + " leaves x")
+    cases.check()
+
+
+def test_sendrecv_matches_a_send_and_a_recv_and_itself(comm, xp):
+    """A sendrecv pairs with the peer's separate recv and send (in either order), and with
+    this rank itself as peer and source."""
+    size, rank = comm.size, comm.rank
+    mine = xp.arange(6, dtype=np.float32) + 10 * rank
+    np.testing.assert_array_equal(host(comm.sendrecv(mine, rank)), host(mine))
+    peer = rank ^ 1
+    if peer >= size:
+        return
+    for async_op in (False, True):
+        if rank % 2 == 0:
+            got = comm.sendrecv(mine, peer, async_op=async_op)
+            got = got.wait() if async_op else got
+        else:
+            got = xp.zeros_like(mine)
+            if async_op:
+                sent = comm.send(mine, peer, async_op=True)
+                comm.recv(got, peer)
+                sent.wait()
+            else:
+                comm.recv(got, peer)
+                comm.send(mine, peer)
+        np.testing.assert_array_equal(host(got), host(mine) - 10 * rank + 10 * peer)
+
+
 def test_async_calls_overlap(comm, xp):
     """Several async calls in flight at once, finished in reverse order."""
     size, rank = comm.size, comm.rank

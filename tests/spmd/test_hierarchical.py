@@ -150,6 +150,9 @@ def test_other_verbs_pass_through(comm, hcomm, xp):
     with hcomm.group():
         hcomm.send(x, (comm.rank + 1) % comm.size)
         hcomm.recv(xp.empty_like(x), (comm.rank - 1) % comm.size)
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    got = hcomm.sendrecv(xp.full(2, float(comm.rank)), right, source=left)
+    assert host(got).tolist() == [float(left)] * 2
 
 
 def test_bad_input_is_refused_before_communicating(comm, hcomm, xp):
