@@ -41,7 +41,7 @@ from ._errors import (
 )
 from ._grouping import Grouping
 from ._guard import Guard
-from ._lifecycle import usable_cores, world_ranks
+from ._lifecycle import world_ranks
 from ._ops import BY_NAME, ReduceOp
 from ._progress import ProgressBoard
 from ._work import Work
@@ -80,12 +80,12 @@ class Communicator(Grouping):
         self._progress: ProgressBoard | None = ProgressBoard(mpi_comm)
         self.local_rank: int = self._progress.local_rank
         self.local_size: int = len(self._progress.members)
-        # A waiting rank polls like MPI's own wait. When a node runs more ranks than it has
-        # cores, the rank it waits for may need this core: then yield it after every test from
-        # the first (after 256 busy ones), not after 10 ms of polling (a synchronous 1 KiB
-        # all_reduce on 4 ranks over 2 cores: 1.04x-1.25x raw mpi4py's time, against 3.8x-4.0x
-        # yielding after 100 us and 1.5x-1.7x after 20 us).
-        yield_after = 0.0 if self.local_size > usable_cores() else 1e-2
+        # A waiting rank polls like MPI's own wait. When it shares its core with another rank
+        # (more ranks than cores on the node), the rank it waits for may need this core: then
+        # yield it after every test from the first, not after 10 ms of polling (a synchronous
+        # 1 KiB all_reduce on 4 ranks over 2 cores: 1.04x-1.25x raw mpi4py's time, against
+        # 3.8x-4.0x yielding after 100 us and 1.5x-1.7x after 20 us).
+        yield_after = 0.0 if self._progress.shares_a_core else 1e-2
         self._books = books = CallBooks(
             self._progress.slots,
             self.local_rank,

@@ -256,12 +256,5 @@ def world_ranks(mpi_comm: MPI.Comm, size: int) -> list[int]:
         return list(range(size))
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 class _Closed(CollectivesError):
     pass

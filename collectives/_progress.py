@@ -37,6 +37,29 @@ _TEXT = 120  # per rank: the call it waits in, "all_reduce (shape (3,), float64)
 _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
 
 
+def cpus() -> frozenset[int]:
+    """The CPUs this process may run on."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def shares_a_core(mine: frozenset[int], node: list[frozenset[int]]) -> bool:
+    """Whether a rank that may run on CPUs ``mine`` shares a core with another rank of its
+    node (``node``: each local rank's CPUs, its own included): the node's ranks outnumber the
+    CPUs they may run on together, or another rank is pinned to the one CPU this one is.
+    A rank pinned to a CPU of its own (Intel MPI's default) shares none.
+
+    Example:
+        >>> shares_a_core(frozenset({0}), [frozenset({0}), frozenset({1})])
+        False
+    """
+    if len(node) > len(frozenset().union(*node)):
+        return True
+    return len(mine) == 1 and node.count(mine) > 1
+
+
 class ProgressBoard:
     """``slots[local_rank]`` holds each rank's latest collective's number (the communicator
     writes its own on every collective); ``report()`` says which ranks are behind this one.
@@ -52,8 +75,12 @@ class ProgressBoard:
         local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
             self.local_rank = local.Get_rank()
-            # Each local rank's communicator rank, to name ranks as the user knows them.
-            self.members: list[int] = local.allgather(mpi_comm.Get_rank())
+            # Each local rank's communicator rank, to name ranks as the user knows them, and
+            # the CPUs it may run on.
+            node = local.allgather((mpi_comm.Get_rank(), cpus()))
+            self.members: list[int] = [rank for rank, _ in node]
+            #: whether this rank shares a core with another of the node's (see shares_a_core)
+            self.shares_a_core = shares_a_core(node[self.local_rank][1], [c for _, c in node])
             self.size = mpi_comm.Get_size()
             path = None
             if self.local_rank == 0:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import collectives as col
-from collectives import _books
+from collectives import _books, _progress
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,22 @@ def test_wait_yields_early_only_when_ranks_outnumber_cores(comm):
     # One rank on this node: never more ranks than cores, so polls stay busy for 10 ms.
     assert comm.local_size == 1
     assert comm.yield_after == 1e-2
+
+
+@pytest.mark.parametrize(
+    "mine, node, shares",
+    [
+        ({0, 1}, [{0, 1}, {0, 1}], False),  # two ranks free on two CPUs
+        ({0, 1}, [{0, 1}] * 4, True),  # four ranks on two CPUs
+        ({0}, [{0}, {1}], False),  # each pinned to a CPU of its own (Intel MPI's default)
+        ({0}, [{0}, {0}, {1}, {1}], True),  # two pinned to each CPU
+        ({0}, [{0}, {0}, {1, 2, 3}], True),  # another rank pinned to this one's CPU
+        ({1, 2, 3}, [{0}, {0}, {1, 2, 3}], False),  # but this one has CPUs of its own
+    ],
+)
+def test_a_rank_shares_a_core_when_pinned_or_outnumbering(mine, node, shares):
+    node = [frozenset(cpus) for cpus in node]
+    assert _progress.shares_a_core(frozenset(mine), node) is shares
 
 
 def test_ml_dtypes_bfloat16_is_reduced_as_bfloat16(comm):

@@ -3,6 +3,8 @@ backend under test and its arrays (``xp``)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -184,6 +186,20 @@ def test_nested_group_joins_the_outer_one(comm, xp):
         comm.send(xp.full(2, rank + 10), left)
     np.testing.assert_array_equal(host(a), left)
     np.testing.assert_array_equal(host(b), right + 10)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux's CPU affinity")
+def test_ranks_pinned_to_cpus_of_their_own_poll_and_ranks_sharing_one_yield(comm, backend):
+    """Each local rank pinned to one CPU, round robin over those the node's ranks may use:
+    a rank waits busy (10 ms before yielding) only where no other rank has its CPU."""
+    before = os.sched_getaffinity(0)
+    cpus = sorted(frozenset().union(*comm.mpi_comm.allgather(before)))
+    os.sched_setaffinity(0, {cpus[comm.local_rank % len(cpus)]})
+    try:
+        with col.init(backend, timeout=30) as pinned:
+            assert pinned.yield_after == (0.0 if comm.local_size > len(cpus) else 1e-2)
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def test_send_recv_to_self_inside_group(comm, xp):
