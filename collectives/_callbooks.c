@@ -107,7 +107,7 @@ static PyTypeObject EntryType = {
 /* ---------------------------------------------------------------------------- CallBooks */
 
 
-static PyTypeObject CallBooksType;
+PyTypeObject CallBooksType;
 
 /* Points *word at words[slot] of `value` (int64 words), its buffer held in *view; None
  * clears it. 0, or -1 with an error set. */
@@ -350,7 +350,7 @@ static PyMethodDef books_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject CallBooksType = {
+PyTypeObject CallBooksType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "collectives._callbooks.CallBooks",
     .tp_basicsize = sizeof(CallBooks),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -447,7 +447,8 @@ PyMODINIT_FUNC PyInit__callbooks(void)
         if (*names[i].name == NULL)
             return NULL;
     }
-    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&CallBooksType) < 0 || work_ready() < 0)
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&CallBooksType) < 0 || work_ready() < 0 ||
+        front_ready() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -455,9 +456,11 @@ PyMODINIT_FUNC PyInit__callbooks(void)
     Py_INCREF(&EntryType);
     Py_INCREF(&CallBooksType);
     Py_INCREF(&WorkType);
+    Py_INCREF(&DirectVerbType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0 ||
         PyModule_AddObject(m, "CallBooks", (PyObject *)&CallBooksType) < 0 ||
         PyModule_AddObject(m, "Work", (PyObject *)&WorkType) < 0 ||
+        PyModule_AddObject(m, "DirectVerb", (PyObject *)&DirectVerbType) < 0 ||
         PyModule_AddIntConstant(m, "REAP_AT", REAP_AT) < 0) {
         Py_DECREF(m);
         return NULL;

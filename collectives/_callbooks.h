@@ -68,6 +68,8 @@ typedef struct {
     PyObject *scratch;   /* a bytearray for the results of in-place forms, or NULL */
 } CallBooks;
 
+extern PyTypeObject CallBooksType;
+
 /* One checked direct-path call (the arguments of run()); the verbs make it with new_call()
  * and set its fields by name. */
 typedef struct {
@@ -113,5 +115,9 @@ PyObject *direct_work(CallBooks *b, PyObject *request_obj, unsigned long long re
 PyObject *CallBooks_hand_over(CallBooks *b, PyObject *unused);
 int work_ready(void);
 #define REAP_AT 64 /* in_flight's size from which Works complete are looked for */
+
+/* _callbooks_front.c: the communicator's verbs, the direct path first */
+extern PyTypeObject DirectVerbType;
+int front_ready(void);
 
 #endif

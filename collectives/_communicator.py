@@ -34,6 +34,7 @@ from ._args import (
 from ._arrays import as_given, unwrap
 from ._backend import Backend, BackendContext, Stager, Verb
 from ._books import CallBooks, Entry
+from ._callbooks import DirectVerb
 from ._dtypes import COMPLEX
 from ._errors import (
     CollectivesError,
@@ -129,15 +130,19 @@ class Communicator(Grouping):
                 self, self._check_mode, books, self.check_peers, self._fatal, self._progress
             )
             books.quiet = self.timeout / 2
-        # The books again where the direct path (_direct) applies (the backend has one: MPI;
-        # no timeline to draw); _fast is them while it may be used: not inside group(), closed
-        # or dead.
+        # The books again where the direct path (_direct) applies: the backend has one (MPI's),
+        # and there is no timeline to draw. Then each verb of this communicator is a C callable
+        # on the instance (_callbooks_front.c) that takes the method's arguments, runs the
+        # direct path, and calls the method (the general path) where that does not apply; the
+        # communicator drops them once closed or dead (_stop_direct_path).
         self._direct: CallBooks | None = None
         books.mpi_error = self._mpi_error
         books.front = self  # a direct-path Work's wait past its poll is this front end's
         if not self._track and impl.direct_path(books):
             self._direct = books
-        self._fast = self._direct
+            self._direct_verbs = _direct.KINDS
+            for name in _direct.KINDS:
+                self.__dict__[name] = DirectVerb(books, name, getattr(Communicator, name))
 
     @property
     def yield_after(self) -> float:
@@ -178,11 +183,6 @@ class Communicator(Grouping):
 
         Example: ``comm.all_reduce(grad, op="avg")``.
         """
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.all_reduce(x, op, out, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "all_reduce")
         rop = BY_NAME.get(op) if type(op) is str else None
@@ -206,11 +206,6 @@ class Communicator(Grouping):
         async_op: bool = False,
     ) -> Any:
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.reduce(x, root, op, out, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "reduce")
         self._root("reduce", root)
@@ -236,11 +231,6 @@ class Communicator(Grouping):
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.broadcast(x, root, async_op)
-            if result is not NotImplemented:
-                return result
         given = x
         x, name = unwrap(x, "broadcast")
         self._root("broadcast", root)
@@ -258,11 +248,6 @@ class Communicator(Grouping):
 
         ``x`` may be ``out[rank]`` itself (the in-place form).
         """
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.all_gather(x, out, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "all_gather")
         shape = (self.size, *x.shape)
@@ -283,11 +268,6 @@ class Communicator(Grouping):
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
     ) -> Any:
         """``out`` (shape ``x.shape[1:]``) is the reduction over ranks of ``x[rank]``."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.reduce_scatter(x, op, out, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "reduce_scatter")
         self._leading("reduce_scatter", x)
@@ -307,11 +287,6 @@ class Communicator(Grouping):
 
     def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """``out[j]`` is ``x[rank]`` of rank j; ``x.shape[0] == size``."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.all_to_all(x, out, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "all_to_all")
         self._leading("all_to_all", x)
@@ -328,11 +303,6 @@ class Communicator(Grouping):
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.gather(x, root, out, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "gather")
         self._root("gather", root)
@@ -358,11 +328,6 @@ class Communicator(Grouping):
     ) -> Any:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.scatter(x, root, out, async_op)
-            if result is not NotImplemented:
-                return result
         self._root("scatter", root)
         given = x, out
         if x is not None:
@@ -392,11 +357,6 @@ class Communicator(Grouping):
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.send(x, peer, async_op)
-            if result is not NotImplemented:
-                return result
         x, name = unwrap(x, "send")
         self._peer("send", peer)
         impl = self._impl
@@ -408,11 +368,6 @@ class Communicator(Grouping):
 
     def recv(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Receive into ``x`` from ``peer``."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.recv(x, peer, async_op)
-            if result is not NotImplemented:
-                return result
         given = x
         x, name = unwrap(x, "recv")
         self._peer("recv", peer)
@@ -438,11 +393,6 @@ class Communicator(Grouping):
 
         Example: ``left = comm.sendrecv(mine, (rank + 1) % size, source=(rank - 1) % size)``.
         """
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.sendrecv(x, peer, out, source, async_op)
-            if result is not NotImplemented:
-                return result
         given = x, out
         x, name = unwrap(x, "sendrecv")
         source = peer if source is None else source
@@ -459,11 +409,6 @@ class Communicator(Grouping):
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return when every rank has called it."""
-        fast = self._fast  # the direct path (:mod:`._direct`), where it applies
-        if fast is not None:
-            result = fast.barrier(async_op)
-            if result is not NotImplemented:
-                return result
         impl = self._impl
         return self._run(
             "barrier",

@@ -33,7 +33,7 @@ timeout error and aborts the job.
 
 Example:
     >>> comm = col.init(backend="mpi")
-    >>> _direct.gather(comm._fast, np.ones(4), 0, None)  # the gathered array on rank 0
+    >>> _direct.gather(comm._books, np.ones(4), 0, None)  # the gathered array on rank 0
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from mpi4py import MPI
 from . import _callbooks
 from ._arrays import may_share_memory
 from ._books import CallBooks
-from ._mpi_base import _TAG, FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, library_path
+from ._mpi_base import _TAG, FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, YIELD_EVERY, library_path
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE
@@ -164,8 +164,8 @@ HAND_BACK = 0.01
 
 def _py_poll(request: Any, yield_after: float) -> bool:
     """The primitive ``poll`` on mpi4py: True once complete, False after ``yield_after`` s of
-    busy polls and :data:`HAND_BACK` s more of polls that each yield the core (below 0: after
-    one test)."""
+    busy polls and :data:`HAND_BACK` s more of polls that yield the core every
+    :data:`YIELD_EVERY` tests (below 0: after one test)."""
     test = request.Test
     if yield_after < 0:
         return test()
@@ -173,14 +173,14 @@ def _py_poll(request: Any, yield_after: float) -> bool:
     polls = 0
     waited = 0.0
     while not test():  # an error here leaves the entry: the call was posted
+        polls += 1
         if waited >= yield_after:  # from the first test where yield_after is 0
-            sched_yield()
-            if (waited := monotonic() - start) > yield_after + HAND_BACK:
-                return False
-        else:
-            polls += 1
-            if polls & 255 == 0:
-                waited = monotonic() - start
+            if polls % YIELD_EVERY == 0:
+                sched_yield()
+                if (waited := monotonic() - start) > yield_after + HAND_BACK:
+                    return False
+        elif polls & 255 == 0:
+            waited = monotonic() - start
     return True
 
 

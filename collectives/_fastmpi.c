@@ -72,6 +72,8 @@ static int tag; /* the tag of send and recv */
 
 /* seconds of yielding polls before poll() hands a call back to the caller's wait */
 #define HAND_BACK 0.01
+/* tests between two yields of the core (a power of 2; _direct.YIELD_EVERY says why) */
+#define YIELD_EVERY 8
 
 static double now(void)
 {
@@ -188,12 +190,14 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
     while ((rc = mpi_test(&request, done, status)) == 0 && !*done) {
         if (yield_after < 0) /* one test */
             break;
-        /* yield after each test, for a while (from the first where yield_after is 0: a
-         * rank that shares its core with another) */
+        /* then yield after every YIELD_EVERY tests, for a while (from the first where
+         * yield_after is 0: a rank that shares its core with another) */
         if (waited >= yield_after) {
-            sched_yield();
-            if ((waited = now() - start) > yield_after + HAND_BACK)
-                break;
+            if ((++polls & (YIELD_EVERY - 1)) == 0) {
+                sched_yield();
+                if ((waited = now() - start) > yield_after + HAND_BACK)
+                    break;
+            }
         } else if ((++polls & 255) == 0) {
             waited = now() - start;
         }

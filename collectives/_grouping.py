@@ -47,8 +47,6 @@ class Grouping(Lifecycle):
         books = self._books
         works, books.held = books.held or [], None
         books.grouped = False
-        if self._unusable is None:
-            self._fast = self._direct
         self._impl.group_end(pendings)
         if not failed:
             for pending in pendings:

@@ -48,9 +48,16 @@ class Lifecycle:
     _world_ranks: list[int]
     _unusable: CollectivesError | None
     _failed: bool
-    _fast: CallBooks | None
     _owner_thread: threading.Thread
     _owner: int | None
+    #: the verbs that are the direct path's C callables on this instance (Communicator)
+    _direct_verbs: tuple[str, ...] = ()
+
+    def _stop_direct_path(self) -> None:
+        """From now on every verb is the method (closed, aborted or dead: it says so)."""
+        for name in self._direct_verbs:
+            self.__dict__.pop(name, None)
+        self._direct_verbs = ()
 
     def hand_over(self, thread: threading.Thread) -> None:
         """Make ``thread`` the only one that may issue calls on this communicator from now on.
@@ -106,7 +113,7 @@ class Lifecycle:
             self._impl.drain()
         self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
         self._unusable = _Closed("communicator is closed")
-        self._fast = None
+        self._stop_direct_path()
         self._free_mpi()
 
     def abort(self) -> None:
@@ -114,7 +121,7 @@ class Lifecycle:
         if isinstance(self._unusable, _Closed):
             return
         self._unusable = _Closed("communicator was aborted")
-        self._fast = None
+        self._stop_direct_path()
         self._impl.abort()
         self._free_mpi()
 
@@ -190,7 +197,7 @@ class Lifecycle:
         if self._unusable is None:
             self._unusable = error
             self._failed = True
-            self._fast = None
+            self._stop_direct_path()
             _exit.failed(error, self.timeout)
             guard = self._books.checker
             if announce and guard is not None:

@@ -20,6 +20,12 @@ from ._work import Pending
 
 #: the tag of send/recv (the direct path's and the backend's: one matching order)
 _TAG = 7071
+#: tests between two yields of the core (``_fastmpi.c``'s too): a rank that shares its core
+#: gives it up after every 8 tests, not after each one: 4 ranks on 2 cores waited 1.4x to
+#: 2.2x as long yielding after each test (every MPI; some calls need a few tests in a row
+#: to progress), and Intel MPI's ranks yielding after each test took twice as long as its
+#: MPI_Wait (benchmarks/README.md, "sendrecv in one call")
+YIELD_EVERY = 8
 
 
 def _mpi_type(name: str) -> MPI.Datatype:
@@ -168,7 +174,7 @@ class MpiPending(Pending):
             polls += 1
             if polls & 255 == 0:
                 yielding = self._waited(comm)
-            elif yielding:
+            elif yielding and polls % YIELD_EVERY == 0:
                 os.sched_yield()
         self._complete()
 

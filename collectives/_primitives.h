@@ -26,7 +26,8 @@ typedef struct {
                 int source, const void *counts, unsigned long long *request);
     /* MPI_Test on *request until it completes (*done 1) or HAND_BACK seconds past
      * `yield_after` have passed (*done 0): busy for `yield_after`, then yielding the core
-     * after each test; one test where `yield_after` is below 0. The MPI error code, or 0.
+     * after every YIELD_EVERY tests; one test where `yield_after` is below 0. The MPI error
+     * code, or 0.
      * Touches no Python object. */
     int (*poll)(unsigned long long *request, double yield_after, int *done);
     /* the width of a count in post's `counts`: MPI_Count's, or int's where no large-count
