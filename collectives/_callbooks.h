@@ -83,6 +83,10 @@ typedef struct {
     int async_op;
     PyObject *copy_to; /* where recv is copied once complete (an in-place form), or NULL */
     int counted;       /* a reduce_scatter large enough to be given each rank's count */
+    /* the memory of send and recv where the verb holds their buffers, else NULL (then the
+     * call takes their buffers itself: an array the verb made, the books' scratch) */
+    const void *send_at;
+    void *recv_at;
 } Call;
 
 /* _callbooks_run.c */

@@ -152,10 +152,13 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
     if (failed[0] || failed[1] || failed[2])
         return NULL;
     Py_buffer sv = {0}, rv = {0};
-    if (c->send != Py_None && PyObject_GetBuffer(c->send, &sv, PyBUF_SIMPLE) < 0)
+    sv.buf = (void *)c->send_at;
+    rv.buf = c->recv_at;
+    if (c->send != Py_None && sv.buf == NULL &&
+        PyObject_GetBuffer(c->send, &sv, PyBUF_SIMPLE) < 0)
         return NULL;
     /* a broadcast's buffer is only read on the root: its caller checked the others' */
-    if (c->recv != Py_None &&
+    if (c->recv != Py_None && rv.buf == NULL &&
         PyObject_GetBuffer(c->recv, &rv, c->kind == BROADCAST ? PyBUF_SIMPLE : PyBUF_WRITABLE) <
             0) {
         if (sv.obj != NULL)

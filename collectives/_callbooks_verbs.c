@@ -193,15 +193,26 @@ static PyObject *finish(PyObject *result, Arr *a, Arr *o)
     return result;
 }
 
-/* The end of every verb that took its arrays: they are let go (the call holds them), then
- * the call runs, async_op read from `flag`; `made_out`, an array made here, is let go after. */
+/* The memory of `obj` where it is one of the arrays taken, else NULL. */
+static void *memory_of(PyObject *obj, const Arr *a, const Arr *o)
+{
+    if (obj == Py_None)
+        return NULL;
+    return a->obj == obj ? a->v.buf : o->obj == obj ? o->v.buf : NULL;
+}
+
+/* The end of every verb that took its arrays: the call runs on their memory (as taken:
+ * writable where it writes), async_op read from `flag`; then the arrays are let go (the call
+ * holds them), and `made_out`, an array made here. */
 static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr *o,
                              PyObject *made_out)
 {
     c->async_op = PyObject_IsTrue(flag);
+    c->send_at = memory_of(c->send, a, o);
+    c->recv_at = memory_of(c->recv, a, o);
+    PyObject *result = c->async_op < 0 ? NULL : run(b, c);
     arr_free(o);
     arr_free(a);
-    PyObject *result = c->async_op < 0 ? NULL : run(b, c);
     Py_XDECREF(made_out);
     return result;
 }
