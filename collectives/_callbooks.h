@@ -70,6 +70,14 @@ typedef struct {
 
 extern PyTypeObject CallBooksType;
 
+/* A copy made once a call completes: `bytes` from `from` to `to`, memory that the call
+ * holds until then. */
+typedef struct {
+    void *to;
+    const void *from;
+    Py_ssize_t bytes;
+} Copy;
+
 /* One checked direct-path call (the arguments of run()); the verbs make it with new_call()
  * and set its fields by name. */
 typedef struct {
@@ -81,17 +89,18 @@ typedef struct {
     int root_rank;               /* the root, or the peer (a sendrecv's destination) */
     int source_rank;             /* a sendrecv's source */
     int async_op;
-    PyObject *copy_to; /* where recv is copied once complete (an in-place form), or NULL */
     int counted;       /* a reduce_scatter large enough to be given each rank's count */
     /* the memory of send and recv where the verb holds their buffers, else NULL (then the
-     * call takes their buffers itself: an array the verb made, the books' scratch) */
+     * call takes their buffers itself: an array the verb made) */
     const void *send_at;
     void *recv_at;
+    /* made once the call completes (the in-place reduce_scatter's result, from recv to the
+     * call's result); no bytes: none */
+    Copy copy;
 } Call;
 
 /* _callbooks_run.c */
 PyObject *run(CallBooks *b, const Call *c);
-int copy_result(PyObject *to, PyObject *from);
 int poll_call(double yield_after, PyObject **request_obj, unsigned long long *request);
 PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);

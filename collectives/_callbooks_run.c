@@ -219,23 +219,6 @@ int poll_call(double yield_after, PyObject **request_obj, unsigned long long *re
     return done;
 }
 
-/* Copies the complete result `from` into `to` (arrays of one size, C-contiguous, as the
- * verbs checked them): 0, or -1 with an error set. */
-int copy_result(PyObject *to, PyObject *from)
-{
-    Py_buffer t, f;
-    if (PyObject_GetBuffer(to, &t, PyBUF_WRITABLE) < 0)
-        return -1;
-    if (PyObject_GetBuffer(from, &f, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&t);
-        return -1;
-    }
-    memcpy(t.buf, f.buf, (size_t)(f.len < t.len ? f.len : t.len));
-    PyBuffer_Release(&f);
-    PyBuffer_Release(&t);
-    return 0;
-}
-
 /* Steps 2 to 5 of _books.py once the token is taken: the result (new reference), or NULL. */
 static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
 {
@@ -309,7 +292,9 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
             done = r == NULL ? -1 : 1;
             Py_XDECREF(r);
         }
-        if (done > 0 && (c->copy_to == NULL || copy_result(c->copy_to, c->recv) == 0)) {
+        if (done > 0) {
+            if (c->copy.bytes > 0)
+                memcpy(c->copy.to, c->copy.from, (size_t)c->copy.bytes);
             ((Entry *)entry)->end = now();
             Py_INCREF(c->result);
             result = c->result;

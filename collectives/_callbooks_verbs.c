@@ -209,7 +209,8 @@ static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr 
 {
     c->async_op = PyObject_IsTrue(flag);
     c->send_at = memory_of(c->send, a, o);
-    c->recv_at = memory_of(c->recv, a, o);
+    if (c->recv_at == NULL)
+        c->recv_at = memory_of(c->recv, a, o);
     PyObject *result = c->async_op < 0 ? NULL : run(b, c);
     arr_free(o);
     arr_free(a);
@@ -337,7 +338,7 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
 {
     if (check_nargs("reduce_scatter(x, op, out, async_op)", nargs, 4) < 0)
         return NULL;
-    PyObject *x = args[0], *out = args[2], *made_out = NULL, *recv;
+    PyObject *x = args[0], *out = args[2], *made_out = NULL;
     Arr a = {0}, o = {0};
     PyObject *ops = op_of(args[1]);
     if (ops == NULL)
@@ -355,22 +356,26 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
         got = arr_take(out, 1, &o);
         if (got <= 0 || !made(&o, &a, a.v.ndim - 1, a.v.shape + 1))
             return finish(got < 0 ? NULL : NOT_OURS, &a, &o);
-        /* MPI's in-place form leaves the result in x[0], not x[rank]: out = x[rank] is
-         * reduced into a new array and copied there once complete */
         in_place = is_slot(&o, &a, b->rank);
         if (!in_place && !apart(&a.v, &o.v))
             return finish(NOT_OURS, &a, &o);
     }
-    recv = out;
-    if (in_place && (recv = made_out = scratch(b, o.v.len)) == NULL)
-        return finish(NULL, &a, &o);
     Call c = new_call(REDUCE_SCATTER, x, types, out);
     set_op(&c, ops);
     c.send = x;
-    c.recv = recv;
+    c.recv = out;
     c.count = elements(&a.v) / b->size;
-    c.copy_to = in_place ? out : NULL;
     c.counted = a.v.len / b->size >= counted_from;
+    if (in_place) {
+        /* MPI's in-place form leaves the result in x[0], not x[rank], and MPI cannot reduce
+         * into part of its own send buffer: the result goes to the books' scratch and is
+         * copied to x[rank] once complete */
+        if ((made_out = scratch(b, o.v.len)) == NULL)
+            return finish(NULL, &a, &o);
+        c.recv = made_out;
+        c.recv_at = PyByteArray_AS_STRING(made_out);
+        c.copy = (Copy){o.v.buf, c.recv_at, o.v.len};
+    }
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }
 

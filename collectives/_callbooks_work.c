@@ -21,9 +21,10 @@ typedef struct {
     CallBooks *books;
     PyObject *request_obj, *entry, *arrays;
     unsigned long long request;
-    /* an in-place form's result, copied to copy_to once complete (whichever kind the Work
-     * is by then); NULL otherwise */
-    PyObject *copy_to, *copy_from;
+    /* an in-place form's copy to `result`, made once complete (whichever kind the Work is
+     * by then), and the array it copies from; none (NULL) otherwise */
+    Copy copy;
+    PyObject *copy_from;
 } Work;
 
 static PyObject *s_wait, *s_synchronize, *s_test, *s_done, *s_event;
@@ -42,7 +43,8 @@ static Work *work_alloc(PyObject *comm, PyObject *pending, PyObject *result)
     w->books = NULL;
     w->request_obj = w->entry = w->arrays = NULL;
     w->request = 0;
-    w->copy_to = w->copy_from = NULL;
+    w->copy = (Copy){0};
+    w->copy_from = NULL;
     PyObject_GC_Track(w);
     return w;
 }
@@ -60,24 +62,20 @@ static int let_go(Work *w)
     return rc < 0 ? -1 : 0;
 }
 
-/* The result copied where an in-place form asked, once the call has completed: 0, or -1
- * with an error set. */
-static int copied(Work *w)
+/* The copy an in-place form asked for, made once the call has completed (once). */
+static void copied(Work *w)
 {
-    if (w->copy_to == NULL)
-        return 0;
-    int rc = copy_result(w->copy_to, w->copy_from);
-    Py_CLEAR(w->copy_to);
+    if (w->copy_from == NULL)
+        return;
+    memcpy(w->copy.to, w->copy.from, (size_t)w->copy.bytes);
     Py_CLEAR(w->copy_from);
-    return rc;
 }
 
 /* The direct-path call has completed: its result where it belongs, its entry's end, and its
  * arrays let go. */
 static int completed(Work *w)
 {
-    if (copied(w) < 0)
-        return -1;
+    copied(w);
     ((Entry *)w->entry)->end = now();
     return let_go(w);
 }
@@ -151,8 +149,7 @@ static PyObject *finish(Work *w, PyObject *how)
             Py_DECREF(r);
         }
     }
-    if (copied(w) < 0)
-        return NULL;
+    copied(w);
     Py_INCREF(w->result);
     return w->result;
 }
@@ -184,7 +181,9 @@ static int is_completed(Work *w)
     PyObject *r = PyObject_CallMethodNoArgs(w->pending, s_test);
     done = r == NULL ? -1 : PyObject_IsTrue(r);
     Py_XDECREF(r);
-    return done > 0 && copied(w) < 0 ? -1 : done;
+    if (done > 0)
+        copied(w);
+    return done;
 }
 
 static PyObject *Work_is_completed(Work *w, PyObject *unused)
@@ -231,7 +230,6 @@ static int Work_traverse(Work *w, visitproc visit, void *arg)
     Py_VISIT(w->result);
     Py_VISIT((PyObject *)w->books);
     Py_VISIT(w->arrays);
-    Py_VISIT(w->copy_to);
     Py_VISIT(w->copy_from);
     return 0;
 }
@@ -245,8 +243,7 @@ static int Work_clear(Work *w)
     Py_CLEAR(w->request_obj);
     Py_CLEAR(w->entry);
     Py_CLEAR(w->arrays);
-    Py_CLEAR(w->copy_to);
-    Py_CLEAR(w->copy_from);
+    Py_CLEAR(w->copy_from); /* and with it the copy */
     return 0;
 }
 
@@ -329,11 +326,10 @@ PyObject *direct_work(CallBooks *b, PyObject *request_obj, unsigned long long re
     Work *w = work_alloc(Py_None, Py_None, c->result);
     if (w == NULL)
         return NULL;
-    if (c->copy_to != NULL) {
-        Py_INCREF(c->copy_to);
+    if (c->copy.bytes > 0) {
         Py_INCREF(c->recv);
-        w->copy_to = c->copy_to;
         w->copy_from = c->recv;
+        w->copy = c->copy;
     }
     Py_INCREF(b);
     Py_INCREF(request_obj);

@@ -324,6 +324,10 @@ def test_reduce_scatter(comm, xp):
             )
             finish(ret, mode, what)
             check(x[rank, ...], expected, name, op, what + " in place (out = x[rank])")
+            others = [r for r in range(size) if r != rank]
+            np.testing.assert_array_equal(
+                host(x[others]), host(mine[others]), err_msg=what + " in place: x[r != rank]"
+            )
     cases.check()
 
 
