@@ -3,10 +3,11 @@
 The verbs are thin: each checks its arguments locally (:mod:`._args`, so bad input fails
 before any communication), then ``_run`` keeps the books (:mod:`._books`) and runs the
 backend's verb of the same name, bound to what it takes but its arrays (``verb(x, out)``,
-which the MPI backend's stager may run on host copies). Every verb on NumPy
-arrays on a backend with a direct path (MPI's: it sets it up, :meth:`Backend.direct_path`),
-synchronous or not, first tries that path (:mod:`._direct`), which keeps the same books in
-less. Ownership, closing and failure are in :mod:`._lifecycle`, groups and the waits of
+which the MPI backend's stager may run on host copies). On a backend with a direct path
+(MPI's: it sets it up, :meth:`Backend.direct_path`) each verb of the instance is a C callable
+(``_callbooks.DirectVerb``) that runs a call on NumPy arrays, synchronous or not, on that
+path (:mod:`._direct`), which keeps the same books in less, and calls the method below for
+any other. Ownership, closing and failure are in :mod:`._lifecycle`, groups and the waits of
 held calls in :mod:`._grouping`; the backend reaches the
 communicator only through the :class:`~collectives._backend.BackendContext` it is given.
 """
@@ -82,10 +83,10 @@ class Communicator(Grouping):
         self.local_rank: int = self._progress.local_rank
         self.local_size: int = len(self._progress.members)
         # A waiting rank polls like MPI's own wait. When it shares its core with another rank
-        # (more ranks than cores on the node), the rank it waits for may need this core: then
-        # yield it after every test from the first, not after 10 ms of polling (a synchronous
-        # 1 KiB all_reduce on 4 ranks over 2 cores: 1.04x-1.25x raw mpi4py's time, against
-        # 3.8x-4.0x yielding after 100 us and 1.5x-1.7x after 20 us).
+        # (_progress.shares_a_core), the rank it waits for may need this core: then yield it
+        # (every YIELD_EVERY tests) from the first test, not after 10 ms of polling (a
+        # synchronous 1 KiB all_reduce on 4 ranks over 2 cores: 1.04x-1.25x raw mpi4py's time,
+        # against 3.8x-4.0x yielding after 100 us and 1.5x-1.7x after 20 us).
         yield_after = 0.0 if self._progress.shares_a_core else 1e-2
         self._books = books = CallBooks(
             self._progress.slots,
