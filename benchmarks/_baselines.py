@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,9 +24,13 @@ from ._case import Case
 from ._ours import Built
 
 BASELINES = ("mpi4py", "nccl", "torch", "cupyx")
-#: the baselines with a nonblocking form for ``--async`` (flat: ours, not a library)
-ASYNC_BASELINES = ("mpi4py", "flat")
-ASYNC_ONLY = "--async compares with --baseline mpi4py (its I-verbs) or flat only"
+#: the baselines with a nonblocking form for ``--async`` (flat: ours, not a library): mpi4py's
+#: I-verbs, torch's async_op=True, and raw NCCL, whose every call is asynchronous already
+ASYNC_BASELINES = ("mpi4py", "nccl", "torch", "flat")
+ASYNC_ONLY = (
+    "--async compares with --baseline mpi4py (its I-verbs), nccl (every raw call is "
+    "asynchronous), torch (async_op=True) or flat only"
+)
 _REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
 
@@ -210,7 +214,8 @@ _NCCL_OP = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 
 
 class NcclBaseline:
-    """Raw ``cupy.cuda.nccl`` on CuPy arrays, its own communicator, the current stream."""
+    """Raw ``cupy.cuda.nccl`` on CuPy arrays, its own communicator, the current stream. Every
+    raw call returns once queued on the stream, so ``--async`` times the same calls."""
 
     name = "nccl"
 
@@ -311,12 +316,13 @@ class TorchBaseline:
 
     name = "torch"
 
-    def __init__(self, mpi_comm: Any, gpu: bool):
+    def __init__(self, mpi_comm: Any, gpu: bool, async_op: bool = False):
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
         self.gpu = gpu
+        self.async_op = async_op
         if gpu:
             import cupy
 
@@ -342,44 +348,51 @@ class TorchBaseline:
             return None
         return self.torch.as_tensor(a, device="cuda") if self.gpu else self.torch.from_numpy(a)
 
+    def _call(self, verb: Any, *args: Any, **kwargs: Any) -> Callable[[], None]:
+        """``verb(*args, **kwargs)``; with ``async_op``, ``async_op=True`` and its ``wait()``."""
+        if self.async_op:
+            return lambda: verb(*args, async_op=True, **kwargs).wait()
+        return lambda: verb(*args, **kwargs)
+
     def build(self, case: Case) -> Built | None:
-        d = self.dist
+        d, call = self.dist, self._call
         if not self.gpu and case.redop == "avg" and case.op in _REDUCING:
             return None  # gloo has no ReduceOp.AVG
         if self.gpu and np.dtype(case.dtype).name in _NO_TORCH_NCCL:
             return None  # N/A: torch's NCCL process group has no such dtype
         s, r, b = self._tensor(case.send), self._tensor(case.recv), self._tensor(case.buf)
-        op, root = self.ops[case.redop], case.root
+        op, root = self.ops.get(case.redop), case.root  # None where the op reduces nothing
         if not case.inplace and case.op in ("all_reduce", "reduce", "broadcast"):
             return None  # torch only has these in place
         if case.op == "all_reduce":
-            return (lambda: d.all_reduce(b, op)), lambda: case.buf
+            return call(d.all_reduce, b, op), lambda: case.buf
         if case.op == "reduce":
-            return (lambda: d.reduce(b, root, op)), lambda: case.buf if case.is_root else None
+            return call(d.reduce, b, root, op), lambda: case.buf if case.is_root else None
         if case.op == "broadcast":
-            return (lambda: d.broadcast(b, root)), lambda: case.buf
+            return call(d.broadcast, b, root), lambda: case.buf
+        # the (size, count) side flat: gloo takes no stacked form (views of the same memory)
         if case.op == "all_gather":
             if case.inplace:
-                own = b[case.rank]
-                return (lambda: d.all_gather_into_tensor(b, own)), lambda: case.buf
-            return (lambda: d.all_gather_into_tensor(r, s)), lambda: case.recv
+                return call(d.all_gather_into_tensor, b.view(-1), b[case.rank]), lambda: case.buf
+            return call(d.all_gather_into_tensor, r.view(-1), s), lambda: case.recv
         if case.op == "reduce_scatter":
             if case.inplace:
                 own = b[case.rank]
-                return (lambda: d.reduce_scatter_tensor(own, b, op)), lambda: case.buf[case.rank]
-            return (lambda: d.reduce_scatter_tensor(r, s, op)), lambda: case.recv
+                flat = b.view(-1)
+                return call(d.reduce_scatter_tensor, own, flat, op), lambda: case.buf[case.rank]
+            return call(d.reduce_scatter_tensor, r, s.view(-1), op), lambda: case.recv
         if case.inplace:
             return None
         if case.op == "all_to_all":
-            return (lambda: d.all_to_all_single(r, s)), lambda: case.recv
+            return call(d.all_to_all_single, r, s), lambda: case.recv
         if case.op == "gather":
             parts = list(r) if case.is_root else None
             res = case.recv if case.is_root else None
-            return (lambda: d.gather(s, parts, dst=root)), lambda: res
+            return call(d.gather, s, parts, dst=root), lambda: res
         if case.op == "scatter":
             parts = list(s) if case.is_root else None
-            return (lambda: d.scatter(r, parts, src=root)), lambda: case.recv
-        if case.op == "sendrecv":
+            return call(d.scatter, r, parts, src=root), lambda: case.recv
+        if case.op == "sendrecv":  # posted and waited for alike, sync or not
             nxt, prv = _ring(case)
 
             def sendrecv() -> None:
@@ -487,7 +500,7 @@ def _rendezvous(one_node: bool) -> str:
 
 def make_baseline(name: str, mpi_comm: Any, xp: Any, async_op: bool = False) -> Any:
     """The baseline ``name`` over the world of ``mpi_comm``, for arrays of module ``xp``;
-    ``async_op``: its nonblocking calls (mpi4py only)."""
+    ``async_op``: its nonblocking calls (:data:`ASYNC_BASELINES`)."""
     try:
         return _make_baseline(name, mpi_comm, xp, async_op)
     except ImportError as exc:
@@ -516,7 +529,7 @@ def _make_baseline(name: str, mpi_comm: Any, xp: Any, async_op: bool) -> Any:
             )
         return NcclBaseline(mpi_comm) if name == "nccl" else CupyxBaseline(mpi_comm)
     if name == "torch":
-        return TorchBaseline(mpi_comm, gpu)
+        return TorchBaseline(mpi_comm, gpu, async_op)
     raise InvalidArgumentError(
         f"benchmark: --baseline must be one of {', '.join(BASELINES)}, got {name!r}"
     )

@@ -165,7 +165,8 @@ def parser(collective: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(op=collective, async_op=False)
     else:
         a("--async", dest="async_op", action="store_true",
-          help="each call with async_op=True and wait() (mpi4py: its I-verbs and Wait)")  # fmt: skip
+          help="each call with async_op=True and wait() (mpi4py: its I-verbs and Wait; torch: "
+          "async_op=True and wait(); raw NCCL: its calls, asynchronous already)")  # fmt: skip
     return p
 
 

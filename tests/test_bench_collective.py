@@ -187,10 +187,36 @@ def test_every_op_async_against_mpi4py_i_verbs(tmp_path):
             assert base["wrong"] == 0 and base["time_us"] > 0 and ratio > 0
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_every_op_against_torch(tmp_path, asynchronous):
+    """``--baseline torch``: torch.distributed's calls (gloo here), with ``--async``
+    ``async_op=True`` and ``wait()``; every result of both checked, on 2 ranks."""
+    pytest.importorskip("torch.distributed")
+    flags = '"--async", ' if asynchronous else ""
+    driver = DRIVER.replace('"--json"', flags + '"--baseline", "torch", "--rounds", "1", "--json"')
+    proc = _launch(2, ["-c", driver, str(tmp_path), "float32", "sum", *OPS], tmp_path)
+    assert proc.stdout.count("async: async_op=True and wait()") == len(OPS) * asynchronous
+    for op in OPS:
+        report = _check_report(tmp_path / f"{op}.json", op, 2, "float32", [96, 384, 1536])
+        assert report["metadata"]["async"] is asynchronous
+        assert report["metadata"]["baseline"] == "torch"
+        assert report["summary"]["baseline_wrong"] == 0
+        compared = [
+            row["baseline"][p]
+            for row in report["rows"]
+            for p in ("out_of_place", "in_place")
+            if row["baseline"][p] is not None
+        ]
+        # torch has both forms of all_gather and reduce_scatter, only the in-place one of
+        # all_reduce, reduce and broadcast, and only the out-of-place one of the rest
+        assert len(compared) == (6 if op in ("all_gather", "reduce_scatter") else 3), op
+        assert all(base["wrong"] == 0 and base["time_us"] > 0 for base in compared), op
+
+
 @pytest.mark.parametrize(
     "argv,message",
-    [(["--async", "--baseline", "torch"],
-      "--async compares with --baseline mpi4py (its I-verbs) or flat only, got --baseline torch"),
+    [(["--async", "--baseline", "cupyx"],
+      "torch (async_op=True) or flat only, got --baseline cupyx"),
      (["--async", "--op", "hypercube"], "--async does not apply to hypercube")],
 )  # fmt: skip
 def test_async_with_a_baseline_or_op_it_has_no_form_for_is_a_usage_error(argv, message, capsys):
