@@ -79,6 +79,7 @@ class NcclBackend(WatchedCommunicator):
     # ---------------------------------------------------------------- issuing
 
     def check_arrays(self, call: str, x: Any, out: Any) -> None:
+        self._check_not_capturing(call)
         for arg, a in (("x", x), ("out", out)):
             if a is None:
                 continue
@@ -92,6 +93,24 @@ class NcclBackend(WatchedCommunicator):
                     f"{call}: {arg} is on device {a.device.id}, expected device "
                     f"{self.device} (the communicator's)"
                 )
+
+    def _check_not_capturing(self, call: str) -> None:
+        """Refuse a call while the caller's stream captures a CUDA graph: each call's
+        completion is watched through an event recorded as it is issued, which a replay of
+        the graph would not record again (the watchdog would wait for it forever)."""
+        try:
+            capturing = self.cupy.cuda.get_current_stream(self.device).is_capturing()
+        except self.cupy.cuda.runtime.CUDARuntimeError as e:  # e.g. the legacy stream
+            raise InvalidArgumentError(
+                f"{call}: the current stream cannot say whether it captures a CUDA graph "
+                f"({e}); make the call outside any capture"
+            ) from e
+        if capturing:
+            raise InvalidArgumentError(
+                f"{call}: the current stream is capturing a CUDA graph, and calls on the nccl "
+                "backend cannot be captured (their completion is watched through events that "
+                "a replay would not record): make the call outside the capture"
+            )
 
     def _launch(
         self,

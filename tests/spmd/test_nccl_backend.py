@@ -509,3 +509,26 @@ def test_close_inside_another_communicators_group_is_refused(nccl):
     other.all_reduce(x)  # still open
     assert x.get().tolist() == [float(other.size)] * 2
     other.close()
+
+
+def test_a_call_while_a_cuda_graph_is_captured_is_refused_before_anything_is_issued(nccl):
+    import cupy
+
+    x = cupy.ones(4, cupy.float32)
+    doubled = cupy.zeros_like(x)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            cupy.multiply(x, 2, out=doubled)  # captured, not run
+            with pytest.raises(col.InvalidArgumentError, match="capturing a CUDA graph"):
+                nccl.all_reduce(x)
+            with pytest.raises(col.InvalidArgumentError, match="capturing a CUDA graph"):
+                nccl.barrier()
+        finally:
+            graph = stream.end_capture()
+        graph.launch()
+        stream.synchronize()
+    np.testing.assert_array_equal(doubled.get(), np.full(4, 2.0, np.float32))
+    nccl.all_reduce(x)  # nothing was issued: the communicator works as before
+    np.testing.assert_array_equal(x.get(), np.full(4, nccl.size, np.float32))
