@@ -160,7 +160,13 @@ static int CallBooks_init(CallBooks *b, PyObject *args, PyObject *kwargs)
         Py_DECREF(recorder);
         return -1;
     }
+    PyObject *record = PyObject_GetAttr(recorder, s_append);
+    if (record == NULL) {
+        Py_DECREF(recorder);
+        return -1;
+    }
     Py_XSETREF(b->recorder, recorder);
+    Py_XSETREF(b->record, record);
     Py_INCREF(wait_long);
     Py_XSETREF(b->wait_long, wait_long);
     b->yield_after = yield_after;
@@ -180,8 +186,8 @@ static PyObject *CallBooks_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     if (b == NULL)
         return NULL;
     PyObject **objects[] = {&b->slots,   &b->inside,  &b->checker, &b->recorder,
-                            &b->wait_long, &b->pending, &b->mpi_error, &b->held,
-                            &b->handle, &b->front};
+                            &b->record,  &b->wait_long, &b->pending, &b->mpi_error,
+                            &b->held,    &b->handle,  &b->front};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         Py_INCREF(Py_None);
         *objects[i] = Py_None;
@@ -201,6 +207,7 @@ static int CallBooks_traverse(CallBooks *b, visitproc visit, void *arg)
     Py_VISIT(b->inside);
     Py_VISIT(b->checker);
     Py_VISIT(b->recorder);
+    Py_VISIT(b->record);
     Py_VISIT(b->wait_long);
     Py_VISIT(b->pending);
     Py_VISIT(b->mpi_error);
@@ -220,6 +227,7 @@ static int CallBooks_clear(CallBooks *b)
     Py_CLEAR(b->held);
     Py_CLEAR(b->handle);
     Py_CLEAR(b->recorder);
+    Py_CLEAR(b->record);
     Py_CLEAR(b->front);
     Py_CLEAR(b->in_flight);
     Py_CLEAR(b->scratch);

@@ -62,6 +62,7 @@ typedef struct {
     long long *slot_word, *inside_word;
     Py_buffer slots_view, inside_view;
     PyObject *checker, *recorder, *wait_long, *pending, *mpi_error, *held, *handle;
+    PyObject *record;    /* recorder.append, bound once */
     PyObject *front;     /* the Communicator: a Work's waits past the direct path are its */
     PyObject *in_flight; /* the direct path's Works not yet complete (a set) */
     Py_ssize_t reap_at;  /* in_flight's size at which those complete are looked for */
@@ -94,6 +95,7 @@ typedef struct {
      * call takes their buffers itself: an array the verb made) */
     const void *send_at;
     void *recv_at;
+    const Py_buffer *array_view; /* `array`'s buffer where the verb holds it, else NULL */
     /* made once the call completes (the in-place reduce_scatter's result, from recv to the
      * call's result); no bytes: none */
     Copy copy;

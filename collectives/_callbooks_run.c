@@ -33,22 +33,40 @@ static long long number(CallBooks *b, PyObject *call, int p2p, PyObject *array, 
     return seq;
 }
 
+/* `array`'s shape: from its buffer where the verb holds it (`view`), as numpy gives it
+ * (new reference), or None. */
+static PyObject *shape_of(PyObject *array, const Py_buffer *view)
+{
+    if (array == Py_None)
+        Py_RETURN_NONE;
+    if (view == NULL)
+        return PyObject_GetAttr(array, s_shape);
+    PyObject *shape = PyTuple_New(view->ndim);
+    for (int i = 0; shape != NULL && i < view->ndim; i++) {
+        PyObject *n = PyLong_FromSsize_t(view->shape[i]);
+        if (n == NULL)
+            Py_CLEAR(shape);
+        else
+            PyTuple_SET_ITEM(shape, i, n);
+    }
+    return shape;
+}
+
 /* CallBooks.begin: number() and an Entry appended to the recorder (new reference). */
-static PyObject *begin(CallBooks *b, PyObject *call, int p2p, PyObject *array, PyObject *name,
-                       PyObject *op, PyObject *root)
+static PyObject *begin(CallBooks *b, PyObject *call, int p2p, PyObject *array,
+                       const Py_buffer *view, PyObject *name, PyObject *op, PyObject *root)
 {
     long long seq = number(b, call, p2p, array, name, op, root);
     if (seq < 0)
         return NULL;
-    PyObject *shape = array == Py_None ? (Py_INCREF(Py_None), Py_None)
-                                       : PyObject_GetAttr(array, s_shape);
+    PyObject *shape = shape_of(array, view);
     if (shape == NULL)
         return NULL;
     PyObject *entry = new_entry(seq, call, shape, name);
     Py_DECREF(shape);
     if (entry == NULL)
         return NULL;
-    PyObject *r = PyObject_CallMethodOneArg(b->recorder, s_append, entry);
+    PyObject *r = PyObject_CallOneArg(b->record, entry);
     if (r == NULL) {
         Py_DECREF(entry);
         return NULL;
@@ -244,7 +262,7 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     } else {
         Py_INCREF(counts);
     }
-    PyObject *entry = begin(b, call, p2p, c->array, c->name, c->op, c->root);
+    PyObject *entry = begin(b, call, p2p, c->array, c->array_view, c->name, c->op, c->root);
     if (entry == NULL) {
         Py_DECREF(counts);
         return NULL;
@@ -268,10 +286,12 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
         PyErr_Restore(type, value, traceback);
         goto done;
     }
-    PyObject *arrays = PyTuple_Pack(3, c->send, c->recv, counts);
-    if (arrays == NULL)
-        goto done;
+    /* what MPI may still read or write, for a call that outlives this function (made only
+     * then: most synchronous calls complete here) */
+    PyObject *arrays = NULL;
     if (later) {
+        if ((arrays = PyTuple_Pack(3, c->send, c->recv, counts)) == NULL)
+            goto done;
         result = direct_work(b, request_obj, request, entry, arrays, c);
         if (result != NULL && b->grouped) { /* held until the group ends, which waits for it */
             if (!PyList_Check(b->held) || PyList_Append(b->held, result) < 0) {
@@ -286,6 +306,8 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     } else {
         /* polling failed: the call was posted, so its entry stays, never completed */
         int done = request_obj == Py_None ? 1 : poll_call(b->yield_after, &request_obj, &request);
+        if (done == 0 && (arrays = PyTuple_Pack(3, c->send, c->recv, counts)) == NULL)
+            done = -1;
         if (done == 0) {
             PyObject *r = PyObject_CallFunctionObjArgs(b->wait_long, request_obj, entry, arrays,
                                                        NULL);
@@ -300,7 +322,7 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
             result = c->result;
         }
     }
-    Py_DECREF(arrays);
+    Py_XDECREF(arrays);
 done:
     Py_XDECREF(request_obj);
     Py_DECREF(entry);

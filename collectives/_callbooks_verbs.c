@@ -60,10 +60,28 @@ static int arr_take(PyObject *obj, int writable, Arr *a)
     return 1;
 }
 
-/* FAST_TYPE's (name, datatype) of a's dtype (borrowed), or NULL (an error set, or not). */
+/* FAST_TYPE's (name, datatype) of a's dtype (borrowed), or NULL (an error set, or not).
+ * The last dtype found is kept with its entry: hashing a NumPy dtype costs more than the
+ * rest of the lookup, and a program calls with few dtypes (the cache holds a reference, so
+ * that no other dtype can come to have its address). */
 static PyObject *arr_types(const Arr *a)
 {
-    return PyDict_GetItemWithError(fast_type, a->dtype);
+    static PyObject *last_dtype, *last_types, *last_table;
+    if (a->dtype == last_dtype && fast_type == last_table)
+        return last_types;
+    PyObject *types = PyDict_GetItemWithError(fast_type, a->dtype);
+    if (types != NULL) { /* all three set before any is let go (which may run code) */
+        PyObject *old[3] = {last_dtype, last_types, last_table};
+        Py_INCREF(a->dtype);
+        Py_INCREF(types);
+        Py_INCREF(fast_type);
+        last_dtype = a->dtype;
+        last_types = types;
+        last_table = fast_type;
+        for (int i = 0; i < 3; i++)
+            Py_XDECREF(old[i]);
+    }
+    return types;
 }
 
 /* Whether out has like's dtype and the shape dims[:ndim] (out taken writable). */
@@ -211,6 +229,9 @@ static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr 
     c->send_at = memory_of(c->send, a, o);
     if (c->recv_at == NULL)
         c->recv_at = memory_of(c->recv, a, o);
+    c->array_view = a->obj != NULL && c->array == a->obj   ? &a->v
+                    : o->obj != NULL && c->array == o->obj ? &o->v
+                                                           : NULL;
     PyObject *result = c->async_op < 0 ? NULL : run(b, c);
     arr_free(o);
     arr_free(a);

@@ -273,6 +273,22 @@ def test_broadcast_leaves_bad_roots_to_the_general_path(comm, root):
     _nothing_was_numbered(comm)
 
 
+def test_each_call_takes_its_own_dtype_and_shape_whatever_came_before(comm):
+    # the verbs keep the last dtype's entry of the table, and record the shape from the
+    # buffer they hold: every call in a mixed sequence must still record and reduce its own
+    calls = [np.ones((2, 3)), np.ones(4, ">f8"), np.ones(5, np.float32), np.ones((1, 2, 2), "<f8")]
+    calls += [np.ones(3, np.int8), np.ones(3, np.float32).view(np.int32)]
+    for x in calls:
+        got = _direct.all_reduce(comm._books, x.copy(), "sum", None)
+        if x.dtype.byteorder == ">":
+            assert got is NotImplemented  # the general path's
+        else:
+            assert got.dtype == x.dtype and (got == x).all()
+    native = [x for x in calls if x.dtype.byteorder != ">"]
+    record = [(c["shape"], c["dtype"]) for c in comm.flight_record()]
+    assert record == [(x.shape, x.dtype.name) for x in native]
+
+
 def _nothing_was_numbered(comm):
     assert comm.flight_record() == []
     comm.barrier()
