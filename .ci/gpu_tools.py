@@ -33,8 +33,11 @@ def build_ext(repo: str) -> None:
     machine's C compiler and this Python's headers: nothing installed, nothing fetched. A
     required extension that does not build exits 1; an optional one is left to its
     fallback (the mpi4py primitives)."""
-    import tomllib
-
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11: nothing reads pyproject.toml, nothing built
+        print(f"Python {sys.version.split()[0]} has no tomllib: the C extensions are not built")
+        return
     with open(os.path.join(repo, "pyproject.toml"), "rb") as f:
         modules = tomllib.load(f)["tool"]["setuptools"]["ext-modules"]
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
