@@ -211,19 +211,12 @@ static PyObject *finish(PyObject *result, Arr *a, Arr *o)
     return result;
 }
 
-/* The buffer of `obj` where it is one of the arrays taken, else NULL. */
-static const Py_buffer *view_of(PyObject *obj, const Arr *a, const Arr *o)
-{
-    if (obj == Py_None)
-        return NULL;
-    return a->obj == obj ? &a->v : o->obj == obj ? &o->v : NULL;
-}
-
 /* The memory of `obj` where it is one of the arrays taken, else NULL. */
 static void *memory_of(PyObject *obj, const Arr *a, const Arr *o)
 {
-    const Py_buffer *view = view_of(obj, a, o);
-    return view == NULL ? NULL : view->buf;
+    if (obj == Py_None)
+        return NULL;
+    return a->obj == obj ? a->v.buf : o->obj == obj ? o->v.buf : NULL;
 }
 
 /* The end of every verb that took its arrays: the call runs on their memory (as taken:
@@ -236,7 +229,9 @@ static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr 
     c->send_at = memory_of(c->send, a, o);
     if (c->recv_at == NULL)
         c->recv_at = memory_of(c->recv, a, o);
-    c->array_view = view_of(c->array, a, o);
+    c->array_view = a->obj != NULL && c->array == a->obj   ? &a->v
+                    : o->obj != NULL && c->array == o->obj ? &o->v
+                                                           : NULL;
     PyObject *result = c->async_op < 0 ? NULL : run(b, c);
     arr_free(o);
     arr_free(a);
