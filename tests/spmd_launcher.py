@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,13 +81,25 @@ def _without_job_variables(environ: Mapping[str, str]) -> dict[str, str]:
     }  # fmt: skip
 
 
-def mpi_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for an ``mpiexec`` started by a test: this process's, without another
-    job's variables, plus what this MPI needs to start here, plus ``extra``."""
-    env = _without_job_variables(os.environ)
-    env.update(_NEEDS.get(mpi_family(), {}))
-    env.update(extra or {})
-    return env
+@contextlib.contextmanager
+def mpi_env(extra: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """The environment for an ``mpiexec`` started by a test, for as long as the job runs:
+    this process's, without another job's variables, plus what this MPI needs to start here,
+    plus ``TMPDIR``, a directory of this job's own that is removed after it, plus ``extra``.
+
+    A launcher that a test kills leaves its session files behind (Open MPI: ``ompi.<pid>``
+    in ``TMPDIR``); a later launcher given the same pid (pids wrap, at 32768 on many
+    machines) finds them and cannot start ("The PMIx server's listener thread failed to
+    start"). In a directory of its own, no job can meet another's leftovers."""
+    tmpdir = tempfile.mkdtemp(prefix="mpijob-")
+    try:
+        env = _without_job_variables(os.environ)
+        env.update(_NEEDS.get(mpi_family(), {}))
+        env["TMPDIR"] = tmpdir
+        env.update(extra or {})
+        yield env
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @dataclass
@@ -125,8 +138,8 @@ def run_spmd(
     pytest_args: tuple[str, ...] = (),
 ) -> SpmdResult:
     """Run ``pytest target`` on ``size`` ranks; kill the whole job past ``timeout`` seconds."""
-    with tempfile.TemporaryDirectory() as report_dir:
-        run_env = mpi_env({"SPMD_REPORT_DIR": report_dir, "PYTHONUNBUFFERED": "1", **(env or {})})
+    with mpi_env({"PYTHONUNBUFFERED": "1", **(env or {})}) as run_env:
+        report_dir = run_env["SPMD_REPORT_DIR"] = run_env["TMPDIR"]
         cmd = [
             mpiexec(),
             *launcher_options(),

@@ -37,10 +37,11 @@ def _launch(
     n: int, argv: list[str], tmp_path: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(
-            [mpiexec(), "-n", str(n), sys.executable, *argv],
-            cwd=REPO, env=mpi_env(env), capture_output=True, text=True, timeout=TIMEOUT,
-        )  # fmt: skip
+        with mpi_env(env) as job_env:
+            proc = subprocess.run(
+                [mpiexec(), "-n", str(n), sys.executable, *argv],
+                cwd=REPO, env=job_env, capture_output=True, text=True, timeout=TIMEOUT,
+            )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"benchmark hung on {n} ranks (killed after {TIMEOUT} s): {exc.output}")
     assert proc.returncode == 0, (

@@ -148,11 +148,12 @@ def expected_lines(program: str, doc: dict, path: str, ours: str) -> list[str]:
 
 def _launch(n: int, tmp_path: Path, runs: dict[str, list[str]]) -> str:
     try:
-        proc = subprocess.run(
-            [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, str(tmp_path),
-             json.dumps(runs)],
-            cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=TIMEOUT,
-        )  # fmt: skip
+        with mpi_env() as env:
+            proc = subprocess.run(
+                [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, str(tmp_path),
+                 json.dumps(runs)],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+            )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"benchmark hung (killed after {TIMEOUT} s): {exc.output}")
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -272,21 +273,22 @@ def test_a_run_killed_mid_sweep_leaves_every_row_it_printed(tmp_path):
     upstream, ours = tmp_path / "run.json", tmp_path / "ours.json"
     argv = [mpiexec(), "-n", "2", sys.executable, "-m", "benchmarks.all_reduce_perf", "-b", "1K",
             "-e", "128M", "-f", "2", "-n", "20", "-J", str(upstream), "--json", str(ours)]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=REPO, env=mpi_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-            try:
-                rows = json.loads(ours.read_text())["rows"]
-            except (OSError, ValueError):  # not written yet: a partial file is a failure below
-                continue
-            if len(rows) >= 3:
-                break
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        printed = proc.communicate(timeout=60)[0]
+    with mpi_env() as env:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+                try:
+                    rows = json.loads(ours.read_text())["rows"]
+                except (OSError, ValueError):  # not written yet: a partial file is a failure below
+                    continue
+                if len(rows) >= 3:
+                    break
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            printed = proc.communicate(timeout=60)[0]
     assert proc.returncode == -signal.SIGKILL, "the sweep ended before it could be stopped"
     doc, mine = json.loads(upstream.read_text()), json.loads(ours.read_text())
     assert "end_time" not in doc and "out_of_bounds" not in doc and mine["complete"] is False

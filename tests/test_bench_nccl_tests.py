@@ -188,10 +188,11 @@ def test_header_and_rows_are_nccl_tests_printf():
 
 def _launch(argv: list[str]) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            [mpiexec(), "-n", "2", sys.executable, *argv],
-            cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=TIMEOUT,
-        )  # fmt: skip
+        with mpi_env() as env:
+            return subprocess.run(
+                [mpiexec(), "-n", "2", sys.executable, *argv],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+            )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"benchmark hung (killed after {TIMEOUT} s): {exc.output}")
 

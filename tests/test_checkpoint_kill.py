@@ -47,10 +47,11 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     directory = tmp_path / "ckpt"
-    done = subprocess.run(
-        [mpiexec(), "-n", "2", sys.executable, str(script), str(directory)],
-        cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    with mpi_env() as env:
+        done = subprocess.run(
+            [mpiexec(), "-n", "2", sys.executable, str(script), str(directory)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
     assert done.returncode != 0, done.stdout + done.stderr
     killed_at = int((directory / "killed-at").read_text())
     # rank 1 died with its file begun (in the middle of it, unless the machine stalled the

@@ -26,14 +26,15 @@ def _job(tmp_path: Path, script: str, size: int, env: dict, timeout: float = 60)
     path = tmp_path / "job.py"
     path.write_text(script)
     start = time.monotonic()
-    proc = subprocess.run(
-        [mpiexec(), "-n", str(size), sys.executable, str(path)],
-        cwd=REPO,
-        env=mpi_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    with mpi_env(env) as job_env:
+        proc = subprocess.run(
+            [mpiexec(), "-n", str(size), sys.executable, str(path)],
+            cwd=REPO,
+            env=job_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     return proc, time.monotonic() - start
 
 
