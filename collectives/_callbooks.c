@@ -238,6 +238,7 @@ static void CallBooks_dealloc(CallBooks *b)
 {
     PyObject_GC_UnTrack(b);
     CallBooks_clear(b);
+    kept_drop(b);
     if (b->slot_word != NULL)
         PyBuffer_Release(&b->slots_view);
     if (b->inside_word != NULL)
@@ -309,6 +310,8 @@ static PyMemberDef books_members[] = {
     M(owner, T_ULONG, 0, "the owner thread's ident (0: none known yet)"),
     M(grouped, T_BOOL, 0, "inside Communicator.group(): calls are held until it ends"),
     M(blocking, T_BOOL, 0, "synchronous collectives are blocking MPI calls"),
+    M(kept_bytes, T_PYSSIZET, 0,
+      "bytes per rank up to which synchronous calls are kept persistent requests (0: none)"),
     M(checker, T_OBJECT, 0, "check mode's Guard, or None"),
     M(recorder, T_OBJECT, READONLY, "the flight recorder: the last calls"),
     M(wait_long, T_OBJECT, 0, "wait_long(request, entry, arrays): the rest of a long wait"),
@@ -327,6 +330,9 @@ static PyMethodDef books_methods[] = {
     {"give", (PyCFunction)CallBooks_give, METH_NOARGS, "give(): give the token back"},
     {"hand_over", (PyCFunction)CallBooks_hand_over, METH_NOARGS,
      "hand_over(): every direct-path call in flight to the backend, as its Pending"},
+    {"let_go_kept", (PyCFunction)CallBooks_let_go_kept, METH_NOARGS,
+     "let_go_kept() -> how many kept requests are still active (a call timed out): let go "
+     "of the others, before the communicator is freed"},
     {"forget_board", (PyCFunction)CallBooks_forget_board, METH_NOARGS,
      "forget_board(): let go of the progress board (before it is closed)"},
     {"number", (PyCFunction)(void (*)(void))CallBooks_number, METH_FASTCALL,

@@ -48,6 +48,9 @@ typedef struct {
 
 PyObject *new_entry(long long seq, PyObject *call, PyObject *shape, PyObject *dtype);
 
+/* A persistent request kept for small synchronous calls (_callbooks_kept.c). */
+typedef struct Kept Kept;
+
 /* The per-call state of one communicator (_books.py documents the fields). */
 typedef struct {
     PyObject_HEAD
@@ -67,6 +70,9 @@ typedef struct {
     PyObject *in_flight; /* the direct path's Works not yet complete (a set) */
     Py_ssize_t reap_at;  /* in_flight's size at which those complete are looked for */
     PyObject *scratch;   /* a bytearray for the results of in-place forms, or NULL */
+    Kept *kept;          /* the persistent requests of small synchronous calls, or NULL */
+    Py_ssize_t kept_bytes; /* bytes per rank up to which a synchronous call is kept (0: none) */
+    unsigned long long kept_clock; /* calls kept so far: when each request was last used */
 } CallBooks;
 
 extern PyTypeObject CallBooksType;
@@ -108,6 +114,14 @@ PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);
 PyObject *CallBooks_give(CallBooks *b, PyObject *unused);
 PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);
+
+/* _callbooks_kept.c: small synchronous calls as persistent MPI requests */
+Kept *kept_for(CallBooks *b, const Call *c, int *failed);
+void kept_in(CallBooks *b, const Kept *k, const void *send, const void *recv);
+void kept_out(CallBooks *b, Kept *k, void *recv);
+unsigned long long *kept_request(Kept *k);
+PyObject *CallBooks_let_go_kept(CallBooks *b, PyObject *unused);
+void kept_drop(CallBooks *b);
 
 /* _callbooks_verbs.c: each verb's checks, then run() */
 PyObject *CallBooks_all_reduce(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);

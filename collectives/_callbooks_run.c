@@ -136,6 +136,50 @@ static unsigned long long handle_of(PyObject *value, int *failed)
     return v;
 }
 
+/* The memory of the call's send and recv (NULL: None), held in sv and rv where the verb
+ * does not hold it (release_buffers lets go): 0, or -1 with an error set. */
+static int buffers_of(const Call *c, Py_buffer *sv, Py_buffer *rv)
+{
+    memset(sv, 0, sizeof *sv);
+    memset(rv, 0, sizeof *rv);
+    sv->buf = (void *)c->send_at;
+    rv->buf = c->recv_at;
+    if (c->send != Py_None && sv->buf == NULL &&
+        PyObject_GetBuffer(c->send, sv, PyBUF_SIMPLE) < 0)
+        return -1;
+    /* a broadcast's buffer is only read on the root: its caller checked the others' */
+    if (c->recv != Py_None && rv->buf == NULL &&
+        PyObject_GetBuffer(c->recv, rv, c->kind == BROADCAST ? PyBUF_SIMPLE : PyBUF_WRITABLE) <
+            0) {
+        if (sv->obj != NULL)
+            PyBuffer_Release(sv);
+        return -1;
+    }
+    return 0;
+}
+
+/* A kept call (_callbooks_kept.c): its input staged and its request started; the request's
+ * handle, and in *recv the memory its result is copied to once complete (NULL: none). */
+static PyObject *start_kept(CallBooks *b, const Call *c, Kept *k, unsigned long long *request,
+                            void **recv)
+{
+    Py_buffer sv, rv;
+    if (buffers_of(c, &sv, &rv) < 0)
+        return NULL;
+    kept_in(b, k, sv.buf, rv.buf);
+    *recv = rv.buf; /* the call's arrays outlive it: their memory stays */
+    if (sv.obj != NULL)
+        PyBuffer_Release(&sv);
+    if (rv.obj != NULL)
+        PyBuffer_Release(&rv);
+    unsigned long long *kept = kept_request(k);
+    int rc = primitives->start(kept);
+    *request = *kept;
+    if (rc != 0)
+        return mpi_error_of(rc);
+    return PyLong_FromUnsignedLongLong(*request);
+}
+
 /* The request as Python sees it: the handle (C primitives), or mpi4py's request. */
 static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *counts,
                       unsigned long long *request)
@@ -169,20 +213,9 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
     unsigned long long op = handle_of(c->mpi_op, &failed[2]);
     if (failed[0] || failed[1] || failed[2])
         return NULL;
-    Py_buffer sv = {0}, rv = {0};
-    sv.buf = (void *)c->send_at;
-    rv.buf = c->recv_at;
-    if (c->send != Py_None && sv.buf == NULL &&
-        PyObject_GetBuffer(c->send, &sv, PyBUF_SIMPLE) < 0)
+    Py_buffer sv, rv;
+    if (buffers_of(c, &sv, &rv) < 0)
         return NULL;
-    /* a broadcast's buffer is only read on the root: its caller checked the others' */
-    if (c->recv != Py_None && rv.buf == NULL &&
-        PyObject_GetBuffer(c->recv, &rv, c->kind == BROADCAST ? PyBUF_SIMPLE : PyBUF_WRITABLE) <
-            0) {
-        if (sv.obj != NULL)
-            PyBuffer_Release(&sv);
-        return NULL;
-    }
     const void *words = counts == Py_None ? NULL : PyBytes_AS_STRING(counts);
     int rc;
     if (blocking) {
@@ -267,13 +300,21 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
         Py_DECREF(counts);
         return NULL;
     }
+    /* a small synchronous call: a kept persistent request, polled (never blocking) */
+    int failed;
+    void *kept_recv = NULL;
+    Kept *kept = kept_for(b, c, &failed);
+    if (kept != NULL)
+        blocking = 0;
     /* A blocking call cannot post anything once begun: the board says beforehand that this
      * rank is inside it (nth * 16 + code, as _progress.BLOCKING_CALLS), and 0 once it returns */
     long long *inside = blocking ? b->inside_word : NULL;
     if (inside != NULL)
         *inside = (((Entry *)entry)->seq - b->p2p) * 16 + c->kind + 1;
     unsigned long long request = 0;
-    PyObject *request_obj = post(b, c, blocking, counts, &request);
+    PyObject *request_obj = failed          ? NULL
+                            : kept != NULL ? start_kept(b, c, kept, &request, &kept_recv)
+                                           : post(b, c, blocking, counts, &request);
     if (inside != NULL)
         *inside = 0;
     PyObject *result = NULL;
@@ -315,6 +356,8 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
             Py_XDECREF(r);
         }
         if (done > 0) {
+            if (kept != NULL)
+                kept_out(b, kept, kept_recv);
             if (c->copy.bytes > 0)
                 memcpy(c->copy.to, c->copy.from, (size_t)c->copy.bytes);
             ((Entry *)entry)->end = now();

@@ -173,6 +173,11 @@ class Communicator(Grouping):
                 ", synchronous collectives as blocking MPI calls (a stuck one ends "
                 "the job after the timeout)"
             )
+            if self._books.kept_bytes > 0 and _direct.COMPILED:
+                how += (
+                    f", those of up to {self._books.kept_bytes} bytes a rank as kept "
+                    "persistent requests instead (polled: a stuck one raises)"
+                )
         return f"calls on NumPy arrays {how}; other calls through the MPI backend"
 
     # ---------------------------------------------------------------- collectives

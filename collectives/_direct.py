@@ -255,9 +255,10 @@ def barrier(books: CallBooks, async_op: bool = False) -> Any:
 
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
 #: then the blocking call of each kind, then the reduce_scatter with counts (non-blocking,
-#: blocking), then MPI_Test;
-#: Open MPI 5 has no large-count (``_c``) calls; an MPI before 4.0 has no sendrecv's
-#: (:data:`_OPTIONAL`)
+#: blocking), then MPI_Test, then the persistent call of each kind ("": none), MPI_Start and
+#: MPI_Request_free;
+#: Open MPI 5 has no large-count (``_c``) calls; an MPI before 4.0 has no sendrecv's and no
+#: persistent calls (:data:`_OPTIONAL`)
 _MPICH_CALLS = (
     "MPI_Iallreduce_c",
     "MPI_Ibcast_c",
@@ -286,18 +287,36 @@ _MPICH_CALLS = (
     "MPI_Ireduce_scatter_c",
     "MPI_Reduce_scatter_c",
     "MPI_Test",
+    "MPI_Allreduce_init_c",
+    "MPI_Bcast_init_c",
+    "MPI_Reduce_init_c",
+    "MPI_Allgather_init_c",
+    "MPI_Reduce_scatter_block_init_c",
+    "MPI_Alltoall_init_c",
+    "MPI_Gather_init_c",
+    "MPI_Scatter_init_c",
+    "",
+    "",
+    "MPI_Barrier_init",
+    "",
+    "MPI_Start",
+    "MPI_Request_free",
 )
 _CALLS = {
     "mpich": _MPICH_CALLS,
     "ompi": tuple(name[:-2] if name.endswith("_c") else name for name in _MPICH_CALLS),
 }
-#: the calls an MPI before 4.0 lacks: a sendrecv is then not the direct path's
-_OPTIONAL = frozenset({"MPI_Isendrecv", "MPI_Isendrecv_c", "MPI_Sendrecv", "MPI_Sendrecv_c"})
+#: the calls an MPI before 4.0 lacks: a sendrecv is then not the direct path's, and no call
+#: is a persistent request
+_OPTIONAL = frozenset(
+    {"MPI_Isendrecv", "MPI_Isendrecv_c", "MPI_Sendrecv", "MPI_Sendrecv_c"}
+    | {name for names in (_MPICH_CALLS, _CALLS["ompi"]) for name in names if "_init" in name}
+)
 
 
 def _address(lib: Any, name: str) -> int:
-    """The address of ``name`` in ``lib``; 0 for a missing call of :data:`_OPTIONAL`."""
-    if name in _OPTIONAL and not hasattr(lib, name):
+    """The address of ``name`` in ``lib``; 0 for "" and a missing call of :data:`_OPTIONAL`."""
+    if not name or (name in _OPTIONAL and not hasattr(lib, name)):
         return 0
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
 
@@ -363,7 +382,7 @@ FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.it
 
 def set_up(module: Any, addresses: list[int]) -> None:
     """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them)."""
-    module.setup(list(addresses), int(_IN_PLACE), _TAG)
+    module.setup(list(addresses), int(_IN_PLACE), _TAG, MPI._handleof(MPI.INFO_NULL) & (2**64 - 1))
 
 
 def _c_request(given: Any) -> MPI.Request:

@@ -60,6 +60,14 @@ typedef int (*BarrierFn)(Handle);
 typedef int (*SendrecvFn)(In, Count, Handle, int, int, Out, Count, Handle, int, int, Handle,
                           void *);
 typedef int (*TestFn)(Req, int *, void *);
+/* the persistent calls (MPI 4.0), each with an MPI_Info before its request */
+typedef int (*AllreduceInitFn)(In, Out, Count, Handle, Handle, Handle, Handle, Req);
+typedef int (*BcastInitFn)(Out, Count, Handle, int, Handle, Handle, Req);
+typedef int (*ReduceInitFn)(In, Out, Count, Handle, Handle, int, Handle, Handle, Req);
+typedef int (*AllgatherInitFn)(In, Count, Handle, Out, Count, Handle, Handle, Handle, Req);
+typedef int (*RootedInitFn)(In, Count, Handle, Out, Count, Handle, int, Handle, Handle, Req);
+typedef int (*BarrierInitFn)(Handle, Handle, Req);
+typedef int (*RequestFn)(Req);
 
 static void *calls[KINDS];        /* the non-blocking MPI call of each kind */
 /* the blocking MPI call of each kind (those of send and recv unused) */
@@ -69,6 +77,11 @@ static TestFn mpi_test;
 static void *ireduce_scatter_v, *reduce_scatter_v;
 static void *mpi_in_place;
 static int tag; /* the tag of send and recv */
+/* the persistent call of each collective kind (0 for SEND, RECV, SENDRECV), MPI_Start,
+ * MPI_Request_free, MPI_INFO_NULL; init_calls[ALL_REDUCE] 0: this MPI lacks one of them */
+static void *init_calls[KINDS];
+static RequestFn mpi_start, mpi_request_free;
+static Handle info_null;
 
 /* seconds of yielding polls before poll() hands a call back to the caller's wait */
 #define HAND_BACK 0.01
@@ -93,6 +106,18 @@ static Handle as_handle(unsigned long long v)
 #endif
 }
 
+/* A call's send and recv as MPI takes them: None (NULL) is MPI_IN_PLACE where the call has an
+ * in-place form (the scatter's is its recv). */
+static const void *send_of(int kind, const void *send)
+{
+    return send != NULL ? send : kind == SCATTER ? NULL : mpi_in_place;
+}
+
+static void *recv_of(int kind, void *recv)
+{
+    return recv != NULL ? recv : kind == SCATTER ? mpi_in_place : NULL;
+}
+
 /* Primitives.post (_primitives.h) */
 static int post(int kind, int blocking, unsigned long long comm_handle, const void *send,
                 void *recv, long long count, unsigned long long datatype_handle,
@@ -101,9 +126,8 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
 {
     Handle comm = as_handle(comm_handle), datatype = as_handle(datatype_handle);
     Handle op = as_handle(op_handle), request = 0;
-    /* None: MPI_IN_PLACE where the call has an in-place form (the scatter's is its recv) */
-    const void *s = send != NULL ? send : kind == SCATTER ? NULL : mpi_in_place;
-    void *r = recv != NULL ? recv : kind == SCATTER ? mpi_in_place : NULL;
+    const void *s = send_of(kind, send);
+    void *r = recv_of(kind, recv);
     Count n = (Count)count;
     void *f = calls[kind];
     int rc;
@@ -206,33 +230,104 @@ static int poll(unsigned long long *request_handle, double yield_after, int *don
     return rc;
 }
 
-static const Primitives primitives = {post, poll, (int)sizeof(Count)};
+/* Primitives.init (_primitives.h) */
+static int init(int kind, unsigned long long comm_handle, const void *send, void *recv,
+                long long count, unsigned long long datatype_handle,
+                unsigned long long op_handle, int root, unsigned long long *request_handle)
+{
+    Handle comm = as_handle(comm_handle), datatype = as_handle(datatype_handle);
+    Handle op = as_handle(op_handle), request = 0;
+    const void *s = send_of(kind, send);
+    void *r = recv_of(kind, recv);
+    Count n = (Count)count;
+    void *f = init_calls[kind];
+    int rc;
+    switch (kind) {
+    case ALL_REDUCE:
+    case REDUCE_SCATTER:
+        rc = ((AllreduceInitFn)f)(s, r, n, datatype, op, comm, info_null, &request);
+        break;
+    case BROADCAST:
+        rc = ((BcastInitFn)f)(r, n, datatype, root, comm, info_null, &request);
+        break;
+    case REDUCE:
+        rc = ((ReduceInitFn)f)(s, r, n, datatype, op, root, comm, info_null, &request);
+        break;
+    case ALL_GATHER:
+    case ALL_TO_ALL:
+        rc = ((AllgatherInitFn)f)(s, n, datatype, r, n, datatype, comm, info_null, &request);
+        break;
+    case GATHER:
+    case SCATTER:
+        rc = ((RootedInitFn)f)(s, n, datatype, r, n, datatype, root, comm, info_null,
+                               &request);
+        break;
+    default:
+        rc = ((BarrierInitFn)f)(comm, info_null, &request);
+    }
+    *request_handle = (unsigned long long)(long long)request;
+    return rc;
+}
 
-/* setup(addresses, in_place, tag): addresses are the non-blocking calls of each kind, then
- * the blocking call of each kind, then MPI_Ireduce_scatter(_c) and MPI_Reduce_scatter(_c),
- * then MPI_Test. Only the sendrecv's may be 0: an MPI before 4.0 has no MPI_Isendrecv. */
+/* Primitives.start and Primitives.release (_primitives.h) */
+static int start(unsigned long long *request_handle)
+{
+    Handle request = as_handle(*request_handle);
+    return mpi_start(&request);
+}
+
+static int release(unsigned long long *request_handle)
+{
+    Handle request = as_handle(*request_handle);
+    int rc = mpi_request_free(&request);
+    *request_handle = (unsigned long long)(long long)request;
+    return rc;
+}
+
+static Primitives primitives = {post, poll, (int)sizeof(Count), NULL, start, release};
+
+/* setup(addresses, in_place, tag, info_null): addresses are the non-blocking calls of each
+ * kind, then the blocking call of each kind, then MPI_Ireduce_scatter(_c) and
+ * MPI_Reduce_scatter(_c), then MPI_Test, then the persistent call of each kind, MPI_Start and
+ * MPI_Request_free. The sendrecv's may be 0 (an MPI before 4.0 has no MPI_Isendrecv), and
+ * the persistent ones (then init is NULL); those of send, recv and sendrecv are 0. */
+#define ADDRESSES (3 * KINDS + 5)
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     PyObject *addresses;
     long long in_place;
+    unsigned long long info;
     int the_tag;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!Li", &PyList_Type, &addresses, &in_place, &the_tag))
+    if (!PyArg_ParseTuple(args, "O!LiK", &PyList_Type, &addresses, &in_place, &the_tag,
+                          &info))
         return NULL;
-    if (PyList_GET_SIZE(addresses) != 2 * KINDS + 3) {
-        PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", 2 * KINDS + 3);
+    if (PyList_GET_SIZE(addresses) != ADDRESSES) {
+        PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", ADDRESSES);
         return NULL;
     }
-    void *found[2 * KINDS + 3];
-    for (int i = 0; i < 2 * KINDS + 3; i++) {
+    void *found[ADDRESSES];
+    int persistent = 1;
+    for (int i = 0; i < ADDRESSES; i++) {
         found[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(addresses, i));
         if (found[i] == NULL && PyErr_Occurred())
             return NULL;
+        int kind = i - 2 * KINDS - 3; /* of the persistent calls */
+        if (found[i] == NULL && kind >= 0) {
+            persistent &= kind == SEND || kind == RECV || kind == SENDRECV;
+            continue;
+        }
         if (found[i] == NULL && i != SENDRECV && i != KINDS + SENDRECV) {
             PyErr_SetString(PyExc_ValueError, "setup: a null address");
             return NULL;
         }
     }
+    for (int i = 0; i < KINDS; i++)
+        init_calls[i] = found[2 * KINDS + 3 + i];
+    mpi_start = (RequestFn)found[3 * KINDS + 3];
+    mpi_request_free = (RequestFn)found[3 * KINDS + 4];
+    info_null = as_handle(info);
+    primitives.init = persistent && mpi_start && mpi_request_free ? init : NULL;
     for (int i = 0; i < KINDS; i++) {
         calls[i] = found[i];
         blocking_calls[i] = found[KINDS + i];

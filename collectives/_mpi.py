@@ -10,7 +10,9 @@ stands on are in :mod:`._mpi_base`.
 
 from __future__ import annotations
 
+import atexit
 import sys
+import weakref
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -33,6 +35,7 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
     MpiPending,
     abandon,
     blocking_by_default,
+    kept_bytes,
     library_path,
     mpi_cuda_aware,
 )
@@ -134,7 +137,11 @@ class MpiBackend:
         assert self._context is not None  # attached by the front end first
         books.handle, books.blocking = _direct.handle(self.comm), self.blocking
         books.wait_long, books.pending = self._wait_long, self._direct_pending
+        # ranks already make synchronous calls alike where they are blocking: there, small
+        # ones may be kept persistent requests, which match no other form of the call either
+        books.kept_bytes = kept_bytes() if self.blocking else 0
         self._books = books
+        _KEEPING.add(self)
         if self.blocking:
             WATCHDOG.watch(self._context)
         return True
@@ -410,3 +417,22 @@ class MpiBackend:
         if self._books is not None:
             self._books.hand_over()
         self.unfinished = abandon(self.in_flight) > 0 or self.unfinished
+        self.let_go_kept()
+
+    def let_go_kept(self) -> None:
+        """Free the kept persistent requests of the direct path (before the communicator is
+        freed, or MPI finalized); one still active leaves the communicator unfreed."""
+        if self._books is not None and not MPI.Is_finalized():
+            self.unfinished = self._books.let_go_kept() > 0 or self.unfinished
+        _KEEPING.discard(self)
+
+
+#: the backends whose books may keep persistent requests, let go of at exit before
+#: MPI_Finalize (which would otherwise free them, saying so, on MPICH)
+_KEEPING: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _let_go_all_kept() -> None:
+    for backend in list(_KEEPING):
+        backend.let_go_kept()

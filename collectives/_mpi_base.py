@@ -117,6 +117,30 @@ def blocking_by_default() -> bool:
     return MPI.get_vendor()[0] in SLOWER_NON_BLOCKING
 
 
+#: bytes per rank up to which a synchronous call that would be a blocking MPI call is a kept
+#: persistent request instead (``_callbooks_kept.c``), by MPI library. MPICH: its kept calls
+#: took 0.50x to 1.24x of mpi4py's blocking ones at 8 B to 1 KiB, 2 ranks, against 0.87x to
+#: 1.13x for its blocking calls (benchmarks/README.md); from 4 KiB a persistent broadcast
+#: with its copies took longer than a blocking one (1.24 against 1.12 us; 7.2 against 3.0
+#: at 16 KiB, raw mpi4py).
+#: Open MPI's kept calls measured 0.9x to 1.4x the time of its blocking ones at 2 ranks: not
+#: kept unless asked. Intel MPI's persistent gather, scatter and all_gather (2021.18) return wrong
+#: data: never kept.
+KEPT_BYTES = {"MPICH": 1024, "Open MPI": 0}
+
+
+def kept_bytes() -> int:
+    """Bytes per rank up to which synchronous calls that would be blocking MPI calls are
+    kept persistent requests instead: ``COLLECTIVES_MPI_PERSISTENT`` (``0``: none; a number:
+    up to that many bytes) on the MPIs of :data:`KEPT_BYTES`, else its value there; 0 on
+    others."""
+    vendor = MPI.get_vendor()[0]
+    if vendor not in KEPT_BYTES:
+        return 0
+    told = os.environ.get("COLLECTIVES_MPI_PERSISTENT", "")
+    return int(told) if told.isdigit() else KEPT_BYTES[vendor]
+
+
 def library_path() -> str | None:
     """The file of the libmpi that mpi4py loaded (Linux), or None."""
     try:

@@ -33,6 +33,15 @@ typedef struct {
     /* the width of a count in post's `counts`: MPI_Count's, or int's where no large-count
      * calls are used (Open MPI) */
     int count_bytes;
+    /* The persistent form of collective `kind` (MPI 4.0's MPI_<call>_init; not SEND, RECV,
+     * SENDRECV), arguments as post() takes them: *request, inactive until start(). NULL
+     * where this MPI lacks one of them. The MPI error code, or 0. Touches no Python object. */
+    int (*init)(int kind, unsigned long long comm, const void *send, void *recv,
+                long long count, unsigned long long datatype, unsigned long long op, int root,
+                unsigned long long *request);
+    /* MPI_Start and MPI_Request_free of a persistent request (free leaves *request null) */
+    int (*start)(unsigned long long *request);
+    int (*release)(unsigned long long *request);
 } Primitives;
 
 #endif

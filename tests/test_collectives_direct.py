@@ -83,7 +83,10 @@ def failing_polls(books):
         fail = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
             lambda request, done, status: MPI.ERR_OTHER
         )
-        _direct.set_up(module, [*addresses[:-1], ctypes.cast(fail, ctypes.c_void_p).value])
+        test = _direct._CALLS[_direct._abi()].index("MPI_Test")
+        failing = list(addresses)
+        failing[test] = ctypes.cast(fail, ctypes.c_void_p).value
+        _direct.set_up(module, failing)
         try:
             yield
         finally:
@@ -352,6 +355,25 @@ def test_blocking_calls_are_chosen_by_argument_then_environment_then_library(mon
             assert c._impl.blocking is (not expected)  # the argument wins
     monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING")
     assert _mpi.blocking_by_default() is (MPI.get_vendor()[0] in ("Open MPI", "Intel MPI"))
+
+
+def test_kept_calls_are_chosen_by_environment_then_library_and_only_where_blocking(monkeypatch):
+    from collectives import _mpi_base
+
+    vendor = MPI.get_vendor()[0]
+    expected = {"MPICH": 1024, "Open MPI": 0}.get(vendor, 0)
+    monkeypatch.delenv("COLLECTIVES_MPI_PERSISTENT", raising=False)
+    assert _mpi_base.kept_bytes() == expected
+    monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "512")
+    assert _mpi_base.kept_bytes() == (512 if vendor in ("MPICH", "Open MPI") else 0)
+    for blocking in (True, False):
+        with col.init(backend="mpi", mpi_blocking=blocking) as c:
+            kept = 512 if blocking and vendor in ("MPICH", "Open MPI") else 0
+            assert c._books.kept_bytes == kept
+            assert ("kept persistent requests" in c.call_path) is (kept > 0 and _direct.COMPILED)
+            x = np.arange(64.0)  # kept (512 bytes), then not (1 KiB)
+            assert c.all_reduce(x) is x and c.all_reduce(np.ones(128))[0] == c.size
+            np.testing.assert_array_equal(x, np.arange(64.0) * c.size)
 
 
 @pytest.mark.parametrize("call", ["all_reduce", "broadcast", "barrier"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.spmd_launcher import mpi_family
 from tests.test_reliability_jobs import _job
 
 EXITS_ON_RANK_1 = """
@@ -71,6 +72,21 @@ def test_leaving_with_a_failed_communicator_while_a_rank_is_stuck_aborts(tmp_pat
     assert "[rank 0] leaving with a failed communicator (all_reduce #2" in output, output
     assert "MPI_Finalize would wait for them forever" in output
     assert elapsed < 30, f"job took {elapsed:.1f} s (rank 1 sleeps 120 s)"
+
+
+def test_a_small_call_on_a_blocking_communicator_raises_its_timeout_in_the_caller(tmp_path):
+    # Up to 1 KiB a rank, a synchronous call that would be blocking is a kept persistent
+    # request (MPICH; Open MPI where asked), polled under the timeout: caught, as a
+    # non-blocking one is.
+    if mpi_family() == "impi":
+        pytest.skip("Intel MPI's calls are never kept persistent requests")
+    script = CAUGHT_TIMEOUT.format(stuck_for=2.5)
+    assert "mpi_blocking=False" in script
+    script = script.replace("mpi_blocking=False", "mpi_blocking=True")
+    proc, _ = _job(tmp_path, script, 2, {"COLLECTIVES_MPI_PERSISTENT": "1024"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "rank 0 caught the timeout" in output and "aborting" not in output
 
 
 def test_leaving_with_a_failed_communicator_ends_normally_when_every_rank_leaves(tmp_path):

@@ -72,6 +72,10 @@ def test_abort_on_exception_can_be_turned_off(tmp_path):
     assert elapsed >= 3
 
 
+#: elements of float64 past the bytes up to which a synchronous call on a blocking
+#: communicator may be a kept persistent request, polled (collectives._mpi_base.KEPT_BYTES)
+LARGE = 256
+
 # A rank that never makes the next call but keeps MPI progressing what it has posted: Open
 # MPI finishes the overlapped check of the last call only with the peer's progress, and a
 # rank asleep outside MPI would make the others time out in that check, not in the call.
@@ -90,7 +94,7 @@ import time, numpy as np, collectives as col
 from mpi4py import MPI
 comm = col.init(backend="mpi", timeout=1.5, mpi_blocking=True)
 comm.all_reduce(np.ones(3))
-{STUCK_BUT_PROGRESSING.format(rank=1)}comm.all_reduce(np.ones(3))
+{STUCK_BUT_PROGRESSING.format(rank=1)}comm.all_reduce(np.ones({LARGE}))
 """
     env = {"COLLECTIVES_ABORT_ON_EXCEPTION": "0"}  # the watchdog alone ends it
     proc, elapsed = _job(tmp_path, script, 2, env)
@@ -98,7 +102,7 @@ comm.all_reduce(np.ones(3))
     assert proc.returncode != 0
     assert elapsed < 15, f"job took {elapsed:.1f} s to end (rank 1 sleeps 60 s)"
     assert (
-        "[rank 0] CollectiveTimeoutError: all_reduce #2 (shape (3,), float64) on rank 0 "
+        f"[rank 0] CollectiveTimeoutError: all_reduce #2 (shape ({LARGE},), float64) on rank 0 "
         "did not complete after 1." in output
     ), output
     assert "Ranks that have not reached collective #2: rank 1 (at collective #1)" in output
@@ -109,7 +113,7 @@ comm.all_reduce(np.ones(3))
 def test_a_timeout_names_the_ranks_inside_a_blocking_call(tmp_path, call):
     # Ranks 0 and 1 are inside the blocking call #2, rank 2 (the root) never makes it: the
     # watchdog's message says which ranks are inside it, from what they posted beforehand.
-    args = "np.ones(3), root=2" if call == "broadcast" else "np.ones(3)"
+    args = f"np.ones({LARGE}), root=2" if call == "broadcast" else f"np.ones({LARGE})"
     script = f"""
 import time, numpy as np, collectives as col
 from mpi4py import MPI
@@ -124,7 +128,9 @@ comm.all_reduce(np.ones(3))
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert elapsed < 20, f"job took {elapsed:.1f} s to end (rank 2 sleeps 60 s)"
-    assert f"[rank 0] CollectiveTimeoutError: {call} #2 (shape (3,), float64)" in output, output
+    assert f"[rank 0] CollectiveTimeoutError: {call} #2 (shape ({LARGE},), float64)" in output, (
+        output
+    )
     assert f"rank 1 is inside a blocking {call} at collective #2" in output, output
     assert f"rank 0 (this one) is inside a blocking {call} at collective #2" in output, output
     assert "rank 2 waits in no call at collective #1" in output, output

@@ -63,7 +63,9 @@ def comm_rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule():
+def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule(monkeypatch):
+    # calls that are not kept persistent requests: MPI completes them, with wrong results
+    monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "0")
     comm = col.init("mpi", timeout=20.0, check=False)
     x = np.ones(4)
     for _ in range(1, 10):  # in step: #1 to #8 are compared, #9 too as it finishes #8
@@ -81,6 +83,26 @@ def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule():
     assert f"at collective #{first_compared} " in message and "op differs" in message, message
     assert f"results of collectives #{first_wrong - 1} and later may be wrong" in message
     comm.all_reduce(x)  # still in step: the refused call was refused on every rank
+    comm.close()
+
+
+def test_ranks_that_disagree_on_a_kept_call_time_out_and_get_no_result(monkeypatch):
+    # Where synchronous calls are blocking, a small one is a kept persistent request (MPICH;
+    # Open MPI where asked): ranks that disagree on its op made different requests, which
+    # never complete together. Nothing is written to the arrays passed: the request works on
+    # its own buffers.
+    monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "1024")
+    comm = col.init("mpi", timeout=2.0, check=False, mpi_blocking=True)
+    if comm._books.kept_bytes == 0:
+        comm.close()
+        pytest.skip("this MPI's calls are not kept persistent requests")
+    comm.all_reduce(np.ones(4))
+    out = np.full(4, 5.0)
+    with pytest.raises(col.CollectivesError) as info:
+        comm.all_reduce(np.ones(4), op="sum" if comm.rank == 0 else "max", out=out)
+    np.testing.assert_array_equal(out, 5.0)
+    if isinstance(info.value, col.CollectiveTimeoutError):  # not told by the other rank first
+        assert "with different arguments (shape, dtype, root, op) never complete" in str(info.value)
     comm.close()
 
 
