@@ -1,7 +1,8 @@
+# ruff: noqa: B007, B023  (each closure is timed inside the loop that binds it)
 # Raw mpi4py: persistent collectives (Start, Test) against the blocking call on the same
 # inputs, 20 rounds of random integers per count; prints the mismatches per rank.
 # mpiexec -n N python raw_persistent_check.py (output: raw_persistent_check.<mpi>.txt)
-import sys, numpy as np
+import numpy as np
 from mpi4py import MPI
 
 c = MPI.COMM_WORLD

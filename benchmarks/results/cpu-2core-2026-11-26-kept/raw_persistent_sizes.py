@@ -1,7 +1,10 @@
+# ruff: noqa: B007, B023  (each closure is timed inside the loop that binds it)
 # Raw mpi4py at 4, 16 and 64 KiB, 2 ranks: all_reduce and broadcast blocking, non-blocking
 # (Test in a loop) and persistent on a buffer of its own with the copies to and from it
 # ("+copy", in NumPy); median of 5 rounds of 3000 calls, us. Output: raw_persistent_sizes.<mpi>.txt
-import time, numpy as np
+import time
+
+import numpy as np
 from mpi4py import MPI
 
 c = MPI.COMM_WORLD
