@@ -28,11 +28,12 @@ NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 def build_ext(repo: str) -> None:
-    """The C extensions of pyproject.toml built in place where their files are missing (a
-    lent machine gets the sources, not what ``pip install -e`` built here), with the
-    machine's C compiler and this Python's headers: nothing installed, nothing fetched. A
-    required extension that does not build exits 1; an optional one is left to its
-    fallback (the mpi4py primitives)."""
+    """The C extensions of pyproject.toml built in place where their files are missing or
+    older than a source or header of theirs (a lent machine gets the sources, and what was
+    built here for it may predate a change), with the machine's C compiler and this Python's
+    headers: nothing installed, nothing fetched. A required extension that does not build
+    exits 1, unless an older build of it is there (kept, saying so); an optional one is left
+    to its fallback (the mpi4py primitives)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11: nothing reads pyproject.toml, nothing built
@@ -46,14 +47,17 @@ def build_ext(repo: str) -> None:
     for module in modules:
         name, optional = module["name"], module.get("optional", False)
         target = os.path.join(repo, *name.split(".")) + suffix
-        if os.path.exists(target):
+        sources = [os.path.join(repo, source) for source in module["sources"]]
+        headers = {h for source in sources for h in glob.glob(f"{os.path.dirname(source)}/*.h")}
+        newest = max(os.path.getmtime(path) for path in [*sources, *headers])
+        built = os.path.exists(target)
+        if built and os.path.getmtime(target) >= newest:
             print(f"{name}: built already ({target})")
             continue
         why = ("no C compiler (cc, gcc or $CC)" if compiler is None
                else f"no Python.h in {include}" if not os.path.exists(f"{include}/Python.h")
                else None)  # fmt: skip
         if why is None:
-            sources = [os.path.join(repo, source) for source in module["sources"]]
             argv = [*compiler.split(), "-shared", "-fPIC", "-O2", "-DNDEBUG", f"-I{include}",
                     *sources, "-o", target]  # fmt: skip
             print("$", " ".join(argv), flush=True)
@@ -62,6 +66,8 @@ def build_ext(repo: str) -> None:
             why = None if run.returncode == 0 else f"{compiler} exited {run.returncode}"
         if why is None:
             print(f"{name}: built ({target})")
+        elif built:
+            print(f"{name}: older than its sources, not rebuilt ({why}): kept as it is")
         elif optional:
             print(f"{name}: not built ({why}); optional: its fallback runs")
         else:

@@ -103,6 +103,14 @@ def test_the_c_extensions_are_built_in_place_where_missing(tmp_path):
     assert loaded.stdout.strip() == "64", loaded.stdout + loaded.stderr
     again = subprocess.run(build, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout.count("built already") == 3, again.stdout
+    # a header changed since: what includes it is built again (a stale build carried to a
+    # lent machine would lack what the Python side now asks of it)
+    header = tmp_path / "collectives" / "_primitives.h"
+    later = built.stat().st_mtime + 10
+    os.utime(header, (later, later))
+    changed = subprocess.run(build, capture_output=True, text=True, timeout=300)
+    assert changed.returncode == 0, changed.stdout
+    assert changed.stdout.count(": built (") == 3, changed.stdout
 
 
 def test_ci_gpu_wants_one_outdir():
