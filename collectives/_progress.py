@@ -175,11 +175,11 @@ class ProgressBoard:
         if len(doing) > 1:
             parts.append("What each rank of the node is doing: " + "; ".join(doing) + ".")
         if not behind and not idle and not elsewhere and len(doing) > 1:
-            # every rank is in the call: they may disagree on it (kept persistent requests
-            # and blocking calls of ranks that do never complete)
+            # every rank is in the call: they may disagree on it (a kept persistent request,
+            # or a blocking call, of ranks that do may never complete)
             parts.append(
-                "Ranks that called it with different arguments (shape, dtype, root, op) never "
-                "complete it: check mode (COLLECTIVES_CHECK=1) names the difference."
+                "If the ranks called it with different arguments (shape, dtype, root, op), it "
+                "may never complete: check mode (COLLECTIVES_CHECK=1) names the difference."
             )
         if elsewhere:
             parts.append(f"Ranks on other nodes, not visible from here: {elsewhere}.")
