@@ -1,12 +1,12 @@
 /* Small synchronous collectives as persistent MPI requests, kept from call to call (part of
  * collectives._callbooks; _callbooks.c says what the module is).
  *
- * Most of a small collective's cost in MPICH and Open MPI is building its schedule, which a
- * persistent request (MPI 4.0's MPI_<call>_init) builds once: at 8 B to 1 KiB, MPI_Start
- * and MPI_Test took 0.45 to 0.7 of the time of the blocking call, and less of the non-blocking
- * one's (benchmarks/README.md). A persistent request is bound to its buffers, while each
- * call brings its own arrays: so a kept request runs on buffers of its own, the stage,
- * and a call copies its input in and its result out (a few hundred bytes at most).
+ * A persistent request (MPI 4.0's MPI_<call>_init) sets a collective up once; started
+ * again at 8 B to 1 KiB, MPI_Start and MPI_Test took 0.43 to 0.73 of the time of MPICH's
+ * blocking call, less of its non-blocking one's (Open MPI's: 0.6 to 1.05 of its blocking
+ * call; benchmarks/README.md). A persistent request is bound to its buffers, while each call
+ * brings its own arrays: so a kept request runs on buffers of its own, the stage, and a
+ * call copies its input in and its result out (up to 1 KiB a rank, by default).
  *
  * Whether a call is kept depends only on what every rank passes alike (its kind, count,
  * datatype, op and root) and on the calls before it, so every rank starts the same request at
