@@ -29,7 +29,7 @@ NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 def build_ext(repo: str) -> None:
     """The C extensions of pyproject.toml built in place where their files are missing or
-    older than a source or header of theirs (a lent machine gets the sources, and what was
+    older than a C file beside their sources (a lent machine gets the sources, and what was
     built here for it may predate a change), with the machine's C compiler and this Python's
     headers: nothing installed, nothing fetched. A required extension that does not build
     exits 1, unless an older build of it is there (kept, saying so); an optional one is left
@@ -48,8 +48,9 @@ def build_ext(repo: str) -> None:
         name, optional = module["name"], module.get("optional", False)
         target = os.path.join(repo, *name.split(".")) + suffix
         sources = [os.path.join(repo, source) for source in module["sources"]]
-        headers = {h for source in sources for h in glob.glob(f"{os.path.dirname(source)}/*.h")}
-        newest = max(os.path.getmtime(path) for path in [*sources, *headers])
+        # what a source may include: every C file beside it (_fastmpi_ompi.c is _fastmpi.c)
+        near = {h for source in sources for h in glob.glob(f"{os.path.dirname(source)}/*.[ch]")}
+        newest = max(os.path.getmtime(path) for path in [*sources, *near])
         built = os.path.exists(target)
         if built and os.path.getmtime(target) >= newest:
             print(f"{name}: built already ({target})")
