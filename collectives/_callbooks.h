@@ -109,6 +109,7 @@ typedef struct {
 
 /* _callbooks_run.c */
 PyObject *run(CallBooks *b, const Call *c);
+unsigned long long handle_of(PyObject *value, int *failed);
 int poll_call(double yield_after, PyObject **request_obj, unsigned long long *request);
 PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);

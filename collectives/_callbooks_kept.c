@@ -107,16 +107,11 @@ Kept *kept_for(CallBooks *b, const Call *c, int *failed)
         if (bytes > b->kept_bytes || bytes == 0)
             return NULL;
     }
-    int failed_handle = 0;
-    unsigned long long comm = PyLong_AsUnsignedLongLongMask(b->handle), datatype = 0, op = 0;
-    if (c->datatype != Py_None)
-        datatype = PyLong_AsUnsignedLongLongMask(c->datatype);
-    if (c->mpi_op != Py_None)
-        op = PyLong_AsUnsignedLongLongMask(c->mpi_op);
-    failed_handle = (comm == (unsigned long long)-1 || datatype == (unsigned long long)-1 ||
-                     op == (unsigned long long)-1) &&
-                    PyErr_Occurred();
-    if (failed_handle) {
+    int bad[3];
+    unsigned long long comm = handle_of(b->handle, &bad[0]);
+    unsigned long long datatype = handle_of(c->datatype, &bad[1]);
+    unsigned long long op = handle_of(c->mpi_op, &bad[2]);
+    if (bad[0] || bad[1] || bad[2]) {
         *failed = 1;
         return NULL;
     }

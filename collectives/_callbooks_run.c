@@ -126,7 +126,7 @@ static PyObject *mpi_error_of(int rc)
 }
 
 /* A handle as mpi4py gives it (None: a call that takes none, e.g. a broadcast's op). */
-static unsigned long long handle_of(PyObject *value, int *failed)
+unsigned long long handle_of(PyObject *value, int *failed)
 {
     *failed = 0;
     if (value == Py_None)
@@ -134,6 +134,15 @@ static unsigned long long handle_of(PyObject *value, int *failed)
     unsigned long long v = PyLong_AsUnsignedLongLongMask(value);
     *failed = v == (unsigned long long)-1 && PyErr_Occurred();
     return v;
+}
+
+/* Lets go of what buffers_of() held. */
+static void release_buffers(Py_buffer *sv, Py_buffer *rv)
+{
+    if (sv->obj != NULL)
+        PyBuffer_Release(sv);
+    if (rv->obj != NULL)
+        PyBuffer_Release(rv);
 }
 
 /* The memory of the call's send and recv (NULL: None), held in sv and rv where the verb
@@ -168,10 +177,7 @@ static PyObject *start_kept(CallBooks *b, const Call *c, Kept *k, unsigned long 
         return NULL;
     kept_in(b, k, sv.buf, rv.buf);
     *recv = rv.buf; /* the call's arrays outlive it: their memory stays */
-    if (sv.obj != NULL)
-        PyBuffer_Release(&sv);
-    if (rv.obj != NULL)
-        PyBuffer_Release(&rv);
+    release_buffers(&sv, &rv);
     unsigned long long *kept = kept_request(k);
     int rc = primitives->start(kept);
     *request = *kept;
@@ -227,10 +233,7 @@ static PyObject *post(CallBooks *b, const Call *c, int blocking, PyObject *count
         rc = primitives->post(c->kind, 0, comm, sv.buf, rv.buf, c->count, datatype, op,
                               c->root_rank, c->source_rank, words, request);
     }
-    if (sv.obj != NULL)
-        PyBuffer_Release(&sv);
-    if (rv.obj != NULL)
-        PyBuffer_Release(&rv);
+    release_buffers(&sv, &rv);
     if (rc != 0)
         return mpi_error_of(rc);
     if (blocking)

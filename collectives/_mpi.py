@@ -141,7 +141,8 @@ class MpiBackend:
         # ones may be kept persistent requests, which match no other form of the call either
         books.kept_bytes = kept_bytes() if self.blocking else 0
         self._books = books
-        _KEEPING.add(self)
+        if books.kept_bytes > 0:
+            _KEEPING.add(self)
         if self.blocking:
             WATCHDOG.watch(self._context)
         return True
