@@ -87,10 +87,11 @@ _callbooks.configure(POINT_TO_POINT, CommunicatorStateError, IN_USE, MPI.Excepti
 #     handle, rank, size, blocking: the direct path's MPI communicator (in the form
 #         ``_direct.handle`` gives), this rank and the size, and whether its synchronous
 #         collectives are blocking MPI calls.
-#     kept_bytes: where they are, bytes a rank up to which a synchronous collective is a
-#         persistent MPI request kept from call to call instead (``_callbooks_kept.c``: made
-#         once per kind, count, dtype, op and root, polled under the timeout; 0: none);
-#         ``let_go_kept()`` frees them before the communicator is freed.
+#     kept_bytes: bytes a rank up to which a synchronous collective is a persistent MPI
+#         request kept from call to call (``_callbooks_kept.c``: made once per kind, count,
+#         dtype, op and root, polled under the timeout; 0: none, where ranks may mix the
+#         forms of a call); ``let_go_kept()`` frees them before the communicator is freed.
+#         kept_all_to_all_in_place: a kept all_to_all is MPI's in-place form (MPICH's faster).
 #     owner: ``threading.get_ident()`` of the thread that owns the communicator (0: none
 #         known yet); the direct path leaves any other thread's call to the general path,
 #         which refuses it.

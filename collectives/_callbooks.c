@@ -312,6 +312,8 @@ static PyMemberDef books_members[] = {
     M(blocking, T_BOOL, 0, "synchronous collectives are blocking MPI calls"),
     M(kept_bytes, T_PYSSIZET, 0,
       "bytes per rank up to which synchronous calls are kept persistent requests (0: none)"),
+    M(kept_all_to_all_in_place, T_BOOL, 0,
+      "a kept all_to_all is made in MPI's in-place form, whatever the call's placement"),
     M(checker, T_OBJECT, 0, "check mode's Guard, or None"),
     M(recorder, T_OBJECT, READONLY, "the flight recorder: the last calls"),
     M(wait_long, T_OBJECT, 0, "wait_long(request, entry, arrays): the rest of a long wait"),

@@ -72,6 +72,7 @@ typedef struct {
     PyObject *scratch;   /* a bytearray for the results of in-place forms, or NULL */
     Kept *kept;          /* the persistent requests of small synchronous calls, or NULL */
     Py_ssize_t kept_bytes; /* bytes per rank up to which a synchronous call is kept (0: none) */
+    char kept_all_to_all_in_place; /* a kept all_to_all is MPI's in-place form, on one stage */
     unsigned long long kept_clock; /* calls kept so far: when each request was last used */
 } CallBooks;
 

@@ -26,6 +26,7 @@ class CallBooks:
     grouped: bool
     blocking: bool
     kept_bytes: int
+    kept_all_to_all_in_place: bool
     checker: Any
     recorder: deque
     wait_long: Callable[[Any, Entry, tuple], None]

@@ -14,9 +14,9 @@
  * of persistent collectives. A call with async_op=True, or inside a group, is never kept:
  * its request would still be active at the next call on some ranks and not others. MPI
  * never matches a persistent collective with another form of the call, so calls are kept
- * only on communicators whose synchronous calls are blocking ones (books.blocking), where
- * every rank must make a call alike, synchronous or not, already; there a kept call is
- * polled under the timeout, as a non-blocking one is, instead of blocking. */
+ * only where every rank must make a call alike, synchronous or not (books.kept_bytes is 0
+ * where ranks were told they may mix the forms: init(mpi_blocking=False)); a kept call is
+ * polled under the timeout, as a non-blocking one is, never blocking. */
 #include "_callbooks.h"
 
 /* how many requests a communicator keeps: the least recently used one goes */
@@ -68,9 +68,9 @@ static void stage_buffers(const CallBooks *b, const Kept *k, const void **send, 
             *recv = NULL;
         }
         break;
-    case ALL_TO_ALL:
-        *send = k->stage;
-        *recv = k->stage2;
+    case ALL_TO_ALL: /* no stage2: MPI's in-place form (books.kept_all_to_all_in_place) */
+        *send = k->stage2 != NULL ? k->stage : NULL;
+        *recv = k->stage2 != NULL ? k->stage2 : k->stage;
         break;
     }
 }
@@ -145,7 +145,8 @@ Kept *kept_for(CallBooks *b, const Call *c, int *failed)
         *k = (Kept){c->kind, root, c->count, comm, datatype, op, 0, bytes, NULL, NULL, 0, 0};
         if (c->kind != BARRIER &&
             ((k->stage = PyMem_Malloc(n)) == NULL ||
-             (c->kind == ALL_TO_ALL && (k->stage2 = PyMem_Malloc(n)) == NULL))) {
+             (c->kind == ALL_TO_ALL && !b->kept_all_to_all_in_place &&
+              (k->stage2 = PyMem_Malloc(n)) == NULL))) {
             let_go(k);
             PyErr_NoMemory();
             *failed = 1;
@@ -232,7 +233,7 @@ void kept_out(CallBooks *b, Kept *k, void *recv)
             memcpy(recv, k->stage, n * b->size);
         break;
     case ALL_TO_ALL:
-        memcpy(recv, k->stage2, n * b->size);
+        memcpy(recv, k->stage2 != NULL ? k->stage2 : k->stage, n * b->size);
         break;
     case SCATTER:
         memcpy(recv, mine ? k->stage + b->rank * n : k->stage, n);

@@ -98,8 +98,9 @@ class Checker:
         self._board: Any = None  # the shared slots, when the whole communicator is on one node
         if shared_memory and board is not None and len(board.members) == comm.size:
             self._board = board.check_slots
-            self._mine = 2 * board.local_rank
-            self._others = [2 * i for i in range(len(board.members)) if i != board.local_rank]
+            self._mine = board.first_word(board.local_rank)
+            others = [i for i in range(len(board.members)) if i != board.local_rank]
+            self._others = [board.first_word(i) for i in others]
         elif MPI.Get_version() >= (4, 0) and hasattr(self.mpi, "Allreduce_init"):
             self._request = self.mpi.Allreduce_init(MPI.IN_PLACE, self._spec, MPI.MAX)
 

@@ -45,7 +45,7 @@ from ._grouping import Grouping
 from ._guard import Guard
 from ._lifecycle import world_ranks
 from ._ops import BY_NAME, ReduceOp
-from ._progress import ProgressBoard
+from ._progress import INSIDE, ProgressBoard
 from ._work import Work
 
 RECORDER_LENGTH = 64
@@ -88,15 +88,16 @@ class Communicator(Grouping):
         # synchronous 1 KiB all_reduce on 4 ranks over 2 cores: 1.04x-1.25x raw mpi4py's time,
         # against 3.8x-4.0x yielding after 100 us and 1.5x-1.7x after 20 us).
         yield_after = 0.0 if self._progress.shares_a_core else 1e-2
-        self._books = books = CallBooks(
-            self._progress.slots,
-            self.local_rank,
+        board = self._progress
+        self._books = books = CallBooks(  # this rank's number and inside words, by index
+            board.words,
+            board.first_word(self.local_rank),
             RECORDER_LENGTH,
             yield_after,
             _no_direct_path,
             self.rank,
             self.size,
-            self._progress.inside,
+            board.words[INSIDE:],
         )
         self.recorder = books.recorder
         books.owner = threading.get_ident()
@@ -173,11 +174,11 @@ class Communicator(Grouping):
                 ", synchronous collectives as blocking MPI calls (a stuck one ends "
                 "the job after the timeout)"
             )
-            if self._books.kept_bytes > 0 and _direct.COMPILED:
-                how += (
-                    f", those of up to {self._books.kept_bytes} bytes a rank as kept "
-                    "persistent requests instead (polled: a stuck one raises)"
-                )
+        if self._books.kept_bytes > 0 and _direct.COMPILED:
+            how += (
+                f", synchronous collectives of up to {self._books.kept_bytes} bytes a rank as "
+                "kept persistent requests (polled: a stuck one raises)"
+            )
         return f"calls on NumPy arrays {how}; other calls through the MPI backend"
 
     # ---------------------------------------------------------------- collectives

@@ -45,9 +45,11 @@ def init(
         mpi_blocking: on the MPI backend, make synchronous collectives (every verb but
             send and recv) of NumPy arrays blocking MPI calls, which are faster than
             non-blocking ones with Open MPI and Intel MPI; a stuck one then ends the job
-            after ``timeout`` (printing the timeout error) instead of raising it. Every rank
-            must then make a call alike, synchronous or not (MPI never matches the two). Default: environment
-            ``COLLECTIVES_MPI_BLOCKING`` (``1`` or ``0``), else on for Open MPI and Intel MPI.
+            after ``timeout`` (printing the timeout error) instead of raising it. Default:
+            environment ``COLLECTIVES_MPI_BLOCKING`` (``1`` or ``0``), else on for Open MPI
+            and Intel MPI. Unless it is ``False`` (or that environment ``0``), small
+            synchronous calls may be kept persistent requests (MPICH), and every rank must
+            make a call alike, synchronous or not: MPI never matches two forms of a call.
 
     Each call returns an independent communicator (as ``MPI_Comm_dup``), every rank must call it.
 

@@ -28,6 +28,7 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
     _TAG,
     FAST_OP_OBJECTS,
     FAST_TYPE_OBJECTS,
+    KEPT_ALL_TO_ALL_IN_PLACE,
     MPI_OP,
     MPI_TYPE,
     SLOWER_NON_BLOCKING,
@@ -106,6 +107,9 @@ class MpiBackend:
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
         #: synchronous direct-path calls as blocking MPI calls (see ``init(mpi_blocking=)``)
         self.blocking = blocking_by_default() if blocking is None else blocking
+        #: bytes a rank up to which synchronous calls are kept persistent requests
+        self.kept_bytes = kept_bytes(blocking)
+        self._blocking_told = blocking
         self.in_flight: set[MpiPending] = set()
         self._reap_at = _REAP_AT
         #: calls were left in flight at a close or abort: the MPI communicator is not freed
@@ -137,9 +141,10 @@ class MpiBackend:
         assert self._context is not None  # attached by the front end first
         books.handle, books.blocking = _direct.handle(self.comm), self.blocking
         books.wait_long, books.pending = self._wait_long, self._direct_pending
-        # ranks already make synchronous calls alike where they are blocking: there, small
-        # ones may be kept persistent requests, which match no other form of the call either
-        books.kept_bytes = kept_bytes() if self.blocking else 0
+        # small synchronous calls may be kept persistent requests, which match no other form
+        # of the call: unless told non-blocking, ranks must make calls alike
+        books.kept_bytes = self.kept_bytes
+        books.kept_all_to_all_in_place = MPI.get_vendor()[0] in KEPT_ALL_TO_ALL_IN_PLACE
         self._books = books
         if books.kept_bytes > 0:
             _KEEPING.add(self)
@@ -395,7 +400,7 @@ class MpiBackend:
     def split(self, child: MPI.Comm, color: int | None, key: int) -> tuple[Any, dict]:
         if child == MPI.COMM_NULL:
             return None, {}
-        return MpiBackend(child, self.cuda_aware, self.blocking), {}
+        return MpiBackend(child, self.cuda_aware, self._blocking_told), {}
 
     def drain(self) -> None:
         """Finish the calls in flight before a close (under the timeout: a call that never

@@ -108,34 +108,46 @@ def mpi_cuda_aware() -> bool:
 SLOWER_NON_BLOCKING = frozenset({"Open MPI", "Intel MPI"})
 
 
+def blocking_told() -> bool | None:
+    """What ``COLLECTIVES_MPI_BLOCKING`` says (``1``: True, ``0``: False), else None."""
+    told = os.environ.get("COLLECTIVES_MPI_BLOCKING", "")
+    return told == "1" if told in ("0", "1") else None
+
+
 def blocking_by_default() -> bool:
     """``COLLECTIVES_MPI_BLOCKING`` (``1``/``0``), else whether this MPI is in
     :data:`SLOWER_NON_BLOCKING`."""
-    told = os.environ.get("COLLECTIVES_MPI_BLOCKING", "")
-    if told in ("0", "1"):
-        return told == "1"
-    return MPI.get_vendor()[0] in SLOWER_NON_BLOCKING
+    told = blocking_told()
+    return MPI.get_vendor()[0] in SLOWER_NON_BLOCKING if told is None else told
 
 
-#: bytes per rank up to which a synchronous call that would be a blocking MPI call is a kept
-#: persistent request instead (``_callbooks_kept.c``), by MPI library. MPICH: its kept calls
-#: took 0.50x to 1.24x of mpi4py's blocking ones at 8 B to 1 KiB, 2 ranks, against 0.87x to
-#: 1.13x for its blocking calls (benchmarks/README.md); from 4 KiB a persistent broadcast
-#: with its copies took longer than a blocking one (1.24 against 1.12 us; 7.2 against 3.0
-#: at 16 KiB, raw mpi4py).
+#: bytes per rank up to which a synchronous collective is a kept persistent request
+#: (``_callbooks_kept.c``), by MPI library, unless calls were asked to be non-blocking (where
+#: ranks may mix the forms of a call, which a persistent request never matches). MPICH: its
+#: kept calls took 0.50x to 1.24x of mpi4py's blocking ones at 8 B to 1 KiB, 2 ranks, against
+#: 0.87x to 1.13x for its blocking calls and 0.62x to 1.49x for its non-blocking ones
+#: (benchmarks/README.md); from 4 KiB a persistent broadcast with its copies took longer than
+#: a blocking one (1.24 against 1.12 us; 7.2 against 3.0 at 16 KiB, raw mpi4py).
 #: Open MPI's kept calls measured 0.9x to 1.4x the time of its blocking ones at 2 ranks: not
 #: kept unless asked. Intel MPI's persistent gather, scatter and all_gather (2021.18) return wrong
 #: data: never kept.
 KEPT_BYTES = {"MPICH": 1024, "Open MPI": 0}
 
+#: MPIs whose kept all_to_all is made in MPI's in-place form whatever the call's placement (every
+#: rank alike, as MPI asks): MPICH's persistent in-place Alltoall took 0.98 us against 1.51 out
+#: of place (its blocking ones 1.37 and 2.22; raw mpi4py, 2 ranks, 256 B a rank); Open MPI's
+#: 1.08 against 0.69 (benchmarks/README.md).
+KEPT_ALL_TO_ALL_IN_PLACE = frozenset({"MPICH"})
 
-def kept_bytes() -> int:
-    """Bytes per rank up to which synchronous calls that would be blocking MPI calls are
-    kept persistent requests instead: ``COLLECTIVES_MPI_PERSISTENT`` (``0``: none; a number:
-    up to that many bytes) on the MPIs of :data:`KEPT_BYTES`, else its value there; 0 on
-    others."""
+
+def kept_bytes(blocking: bool | None) -> int:
+    """Bytes per rank up to which synchronous calls are kept persistent requests, for
+    ``init(mpi_blocking=blocking)``: 0 where told non-blocking (``False``, or None and
+    ``COLLECTIVES_MPI_BLOCKING=0``) and on MPIs not in :data:`KEPT_BYTES`; else
+    ``COLLECTIVES_MPI_PERSISTENT`` (``0``: none; a number: up to that many bytes), else the
+    value there."""
     vendor = MPI.get_vendor()[0]
-    if vendor not in KEPT_BYTES:
+    if vendor not in KEPT_BYTES or (blocking_told() if blocking is None else blocking) is False:
         return 0
     told = os.environ.get("COLLECTIVES_MPI_PERSISTENT", "")
     return int(told) if told.isdigit() else KEPT_BYTES[vendor]

@@ -357,20 +357,31 @@ def test_blocking_calls_are_chosen_by_argument_then_environment_then_library(mon
     assert _mpi.blocking_by_default() is (MPI.get_vendor()[0] in ("Open MPI", "Intel MPI"))
 
 
-def test_kept_calls_are_chosen_by_environment_then_library_and_only_where_blocking(monkeypatch):
+def test_kept_calls_are_chosen_by_environment_then_library_unless_told_non_blocking(monkeypatch):
     from collectives import _mpi_base
 
     vendor = MPI.get_vendor()[0]
     expected = {"MPICH": 1024, "Open MPI": 0}.get(vendor, 0)
     monkeypatch.delenv("COLLECTIVES_MPI_PERSISTENT", raising=False)
-    assert _mpi_base.kept_bytes() == expected
+    monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING", raising=False)
+    assert _mpi_base.kept_bytes(None) == _mpi_base.kept_bytes(True) == expected
+    assert _mpi_base.kept_bytes(False) == 0  # ranks may mix the forms of a call there
+    monkeypatch.setenv("COLLECTIVES_MPI_BLOCKING", "0")
+    assert _mpi_base.kept_bytes(None) == 0 and _mpi_base.kept_bytes(True) == expected
+    monkeypatch.setenv("COLLECTIVES_MPI_BLOCKING", "1")
+    assert _mpi_base.kept_bytes(None) == expected and _mpi_base.kept_bytes(False) == 0
+    monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING")
     monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "512")
-    assert _mpi_base.kept_bytes() == (512 if vendor in ("MPICH", "Open MPI") else 0)
-    for blocking in (True, False):
+    assert _mpi_base.kept_bytes(None) == (512 if vendor in ("MPICH", "Open MPI") else 0)
+    for blocking in (True, None, False):
         with col.init(backend="mpi", mpi_blocking=blocking) as c:
-            kept = 512 if blocking and vendor in ("MPICH", "Open MPI") else 0
+            kept = 512 if blocking is not False and vendor in ("MPICH", "Open MPI") else 0
             assert c._books.kept_bytes == kept
             assert ("kept persistent requests" in c.call_path) is (kept > 0 and _direct.COMPILED)
+            with c.split(0) as child:  # a child keeps calls as its parent does
+                assert child._books.kept_bytes == kept
+            # MPICH's in-place form is its faster one; every rank makes it alike
+            assert c._books.kept_all_to_all_in_place is (vendor == "MPICH")
             x = np.arange(64.0)  # kept (512 bytes), then not (1 KiB)
             assert c.all_reduce(x) is x and c.all_reduce(np.ones(128))[0] == c.size
             np.testing.assert_array_equal(x, np.arange(64.0) * c.size)

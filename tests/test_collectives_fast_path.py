@@ -69,6 +69,23 @@ def test_a_rank_shares_a_core_when_pinned_or_outnumbering(mine, node, shares):
     assert _progress.shares_a_core(frozenset(mine), node) is shares
 
 
+def test_each_ranks_board_words_sit_on_cache_lines_of_their_own(comm):
+    # every call writes this rank's words: two ranks' words on one line (or on the pair of
+    # lines CPUs fetch together) cost 0.1-0.2 us a call in line transfers (benchmarks/README.md)
+    board = comm._progress
+    apart = (board.first_word(1) - board.first_word(0)) * 8
+    assert apart >= 128 and apart % 128 == 0
+    assert board.first_word(0) * 8 + 4 * 8 <= board._area(0) < board._area(0) + 128 <= apart
+    first = board.first_word(board.local_rank)
+    comm.all_reduce(np.ones(2))
+    assert board.words[first + _progress.NUMBER] == board.slots[board.local_rank] > 0
+    assert comm._books.slots[comm._books.slot] == board.slots[board.local_rank]
+    board.waiting("all_reduce (shape (2,), float64)")  # the area lies past the words
+    assert board.words[first + _progress.NUMBER] == board.slots[board.local_rank]
+    assert board.words[first + _progress.INSIDE] == board.inside[board.local_rank] == 0
+    board.done_waiting()
+
+
 def test_ml_dtypes_bfloat16_is_reduced_as_bfloat16(comm):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     x = np.array([1.0, 2.5, -3.0], ml_dtypes.bfloat16)
