@@ -35,7 +35,7 @@ PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
 int counted_reduce_scatter;   /* _direct.COUNTED_REDUCE_SCATTER: 1 non-blocking, 2 blocking */
 Py_ssize_t counted_from;      /* _direct.COUNTED_FROM */
 int sendrecv_posted;          /* _direct.SENDRECV_POSTED */
-PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
+PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype, *s_synchronous, *s_async_op;
 
 /* ------------------------------------------------------------------------------- Entry */
 
@@ -338,7 +338,8 @@ static PyMethodDef books_methods[] = {
     {"forget_board", (PyCFunction)CallBooks_forget_board, METH_NOARGS,
      "forget_board(): let go of the progress board (before it is closed)"},
     {"number", (PyCFunction)(void (*)(void))CallBooks_number, METH_FASTCALL,
-     "number(call, array, name, op, root) -> seq: number one call (check mode may verify)"},
+     "number(call, array, name, op, root, async_op) -> seq: number one call (check mode may "
+     "verify)"},
     {"all_reduce", (PyCFunction)(void (*)(void))CallBooks_all_reduce, METH_FASTCALL,
      "all_reduce(x, op, out, async_op) -> the result, its Work, or NotImplemented"},
     {"broadcast", (PyCFunction)(void (*)(void))CallBooks_broadcast, METH_FASTCALL,
@@ -456,8 +457,10 @@ PyMODINIT_FUNC PyInit__callbooks(void)
     struct {
         PyObject **name;
         const char *text;
-    } names[] = {{&s_append, "append"}, {&s_pop, "pop"},     {&s_verify, "verify"},
-                 {&s_shape, "shape"},   {&s_dtype, "dtype"}};
+    } names[] = {{&s_append, "append"},           {&s_pop, "pop"},
+                 {&s_verify, "verify"},           {&s_shape, "shape"},
+                 {&s_dtype, "dtype"},             {&s_synchronous, "synchronous"},
+                 {&s_async_op, "async_op=True"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].name = PyUnicode_InternFromString(names[i].text);
         if (*names[i].name == NULL)

@@ -29,7 +29,7 @@ extern PyObject *kind_names; /* _direct.KINDS, a tuple of str */
 extern int counted_reduce_scatter; /* reduce_scatters given counts: 1 non-blocking, 2 blocking */
 extern Py_ssize_t counted_from;    /* bytes per rank from which they are */
 extern int sendrecv_posted;        /* the primitives post SENDRECV (MPI_Isendrecv): 1, or 0 */
-extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype;
+extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype, *s_synchronous, *s_async_op;
 
 static inline double now(void)
 {

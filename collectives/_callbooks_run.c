@@ -4,9 +4,19 @@
 
 /* ------------------------------------------------------------------ numbering, entries */
 
+/* The form of a call that check mode compares: where MPI matches no two forms of a call
+ * (blocking or kept synchronous calls), "synchronous" or "async_op=True" (inside a group
+ * too); else None, as ranks may mix them. Borrowed. */
+static PyObject *form_of(const CallBooks *b, int async_op)
+{
+    if (!b->blocking && b->kept_bytes <= 0)
+        return Py_None;
+    return async_op || b->grouped ? s_async_op : s_synchronous;
+}
+
 /* CallBooks.number: the call's seq, or -1 with an error set. */
 static long long number(CallBooks *b, PyObject *call, int p2p, PyObject *array, PyObject *name,
-                        PyObject *op, PyObject *root)
+                        PyObject *op, PyObject *root, int async_op)
 {
     long long seq = ++b->seq;
     if (p2p) {
@@ -23,7 +33,8 @@ static long long number(CallBooks *b, PyObject *call, int p2p, PyObject *array, 
             PyObject *n = PyLong_FromLongLong(nth);
             PyObject *r = n == NULL ? NULL
                                     : PyObject_CallMethodObjArgs(b->checker, s_verify, n, call,
-                                                                 array, name, op, root, NULL);
+                                                                 array, name, op, root,
+                                                                 form_of(b, async_op), NULL);
             Py_XDECREF(n);
             if (r == NULL)
                 return -1;
@@ -54,9 +65,10 @@ static PyObject *shape_of(PyObject *array, const Py_buffer *view)
 
 /* CallBooks.begin: number() and an Entry appended to the recorder (new reference). */
 static PyObject *begin(CallBooks *b, PyObject *call, int p2p, PyObject *array,
-                       const Py_buffer *view, PyObject *name, PyObject *op, PyObject *root)
+                       const Py_buffer *view, PyObject *name, PyObject *op, PyObject *root,
+                       int async_op)
 {
-    long long seq = number(b, call, p2p, array, name, op, root);
+    long long seq = number(b, call, p2p, array, name, op, root, async_op);
     if (seq < 0)
         return NULL;
     PyObject *shape = shape_of(array, view);
@@ -103,12 +115,14 @@ PyObject *CallBooks_give(CallBooks *b, PyObject *unused)
 
 PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "number(call, array, name, op, root)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "number(call, array, name, op, root, async_op)");
         return NULL;
     }
-    int p2p = is_p2p(args[0]);
-    long long seq = p2p < 0 ? -1 : number(b, args[0], p2p, args[1], args[2], args[3], args[4]);
+    int p2p = is_p2p(args[0]), async_op = PyObject_IsTrue(args[5]);
+    long long seq = p2p < 0 || async_op < 0 ? -1
+                                            : number(b, args[0], p2p, args[1], args[2], args[3],
+                                                     args[4], async_op);
     return seq < 0 ? NULL : PyLong_FromLongLong(seq);
 }
 
@@ -298,7 +312,8 @@ static PyObject *post_and_wait(CallBooks *b, const Call *c, PyObject *call)
     } else {
         Py_INCREF(counts);
     }
-    PyObject *entry = begin(b, call, p2p, c->array, c->array_view, c->name, c->op, c->root);
+    PyObject *entry =
+        begin(b, call, p2p, c->array, c->array_view, c->name, c->op, c->root, c->async_op);
     if (entry == NULL) {
         Py_DECREF(counts);
         return NULL;

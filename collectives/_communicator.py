@@ -501,7 +501,7 @@ class Communicator(Grouping):
         books.take(call)
         try:
             array = x if x is not None else out
-            seq = books.number(call, array, name, op, root)
+            seq = books.number(call, array, name, op, root, async_op)
             stager = self._stager
             pending = verb(x, out) if stager is None else stager.run(verb, x, out)
             pending.info = (seq, call, None if array is None else array.shape, name)

@@ -29,7 +29,9 @@ Open MPI and Intel MPI, whose non-blocking collectives are slower than their blo
 every synchronous collective and sendrecv (not send and recv: a rank may send before it
 receives) is a blocking MPI call; MPI never matches a blocking collective with a non-blocking one, so every
 rank must make the call alike, synchronous or not. A blocking call cannot be interrupted, so a stuck one is ended by :data:`._watchdog.WATCHDOG`, which prints the
-timeout error and aborts the job.
+timeout error and aborts the job. Unless told non-blocking (``mpi_blocking=False``), a small
+synchronous collective may be a kept persistent request instead (``_callbooks_kept.c``, by
+default on MPICH), which matches no other form either; it is polled, so a stuck one raises.
 
 Example:
     >>> comm = col.init(backend="mpi")

@@ -173,8 +173,12 @@ class Guard:
             self.checker = Checker(comm, fail, board, shared_memory=every_call)
         self.verified = 0  # the last collective compared across ranks
 
-    def verify(self, nth: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
-        """Called by ``CallBooks.number`` (see the module docstring for when)."""
+    def verify(
+        self, nth: int, call: str, array: Any, name: Any, op: Any, root: Any, form: Any = None
+    ) -> None:
+        """Called by ``CallBooks.number`` (see the module docstring for when); ``form`` is the
+        call's form where ranks must make it alike ("synchronous" or "async_op=True"), else
+        None."""
         self.check_peers(call)
         books = self.books
         checker = self.checker
@@ -182,7 +186,7 @@ class Guard:
             return  # verified for the quiet gap only: the schedule is the same on every rank
         if self.every_call:
             books.next_check = nth + 1
-            checker.verify(nth, call, array, name, op, root)
+            checker.verify(nth, call, array, name, op, root, form)
             return
         try:
             compared = checker.finish()
@@ -193,7 +197,7 @@ class Guard:
         if compared is not None:
             self.verified = compared
         if scheduled(nth):
-            checker.post(nth, call, array, name, op, root)
+            checker.post(nth, call, array, name, op, root, form)
             books.next_check = nth + 1  # where this comparison is finished
         else:
             books.next_check = next_check(nth)

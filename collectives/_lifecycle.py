@@ -176,7 +176,7 @@ class Lifecycle:
         """
         guard = self._books.checker
         try:  # on the guard's private communicator: no user message can match it
-            if guard is None:
+            if guard is None or guard.notice.mpi == MPI.COMM_NULL:  # none in a world of one
                 arrive(self.mpi_comm, call, self.timeout)
             else:
                 arrive(guard.notice.mpi, call, self.timeout, stamp=guard.notice.id)

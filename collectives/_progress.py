@@ -197,10 +197,10 @@ class ProgressBoard:
             # every rank is in the call: they may disagree on it, or on its form (a kept
             # persistent request, or a blocking call, of ranks that do may never complete)
             parts.append(
-                "If the ranks called it with different arguments (shape, dtype, root, op), it "
-                "may never complete: check mode (COLLECTIVES_CHECK=1) names the difference. "
-                "Nor may it where some ranks called it synchronously and others with "
-                "async_op=True or in a group (unless init(mpi_blocking=False))."
+                "If the ranks called it with different arguments (shape, dtype, root, op), or "
+                "some synchronously and others with async_op=True or in a group (unless "
+                "init(mpi_blocking=False)), it may never complete: check mode "
+                "(COLLECTIVES_CHECK=1) names the difference."
             )
         if elsewhere:
             parts.append(f"Ranks on other nodes, not visible from here: {elsewhere}.")

@@ -415,3 +415,12 @@ def test_the_board_names_every_blocking_call_by_its_kind():
     kinds = {code + 1: name for code, name in enumerate(_direct.KINDS)}
     assert BLOCKING_CALLS == {c: n for c, n in kinds.items() if n not in point_to_point}
     assert max(BLOCKING_CALLS) < 16  # the code's 4 bits of an inside word
+
+
+def test_check_mode_in_a_world_of_one_splits_and_runs_both_forms():
+    # a world of one has no channel for failure notices: split's arrival goes over the
+    # communicator itself (it was MPI_COMM_NULL, an MPI error)
+    with col.init(backend="mpi", check=True) as comm:
+        with comm.split(0) as child:
+            assert child.all_reduce(np.ones(2)).tolist() == [1.0, 1.0]
+        assert comm.all_reduce(np.ones(2), async_op=True).wait().tolist() == [1.0, 1.0]

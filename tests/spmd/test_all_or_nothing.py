@@ -102,7 +102,7 @@ def test_ranks_that_disagree_on_a_kept_call_time_out_and_get_no_result(monkeypat
         comm.all_reduce(np.ones(4), op="sum" if comm.rank == 0 else "max", out=out)
     np.testing.assert_array_equal(out, 5.0)
     if isinstance(info.value, col.CollectiveTimeoutError):  # not told by the other rank first
-        assert "different arguments (shape, dtype, root, op), it may never complete" in str(
+        assert "different arguments (shape, dtype, root, op), or some synchronously" in str(
             info.value
         )
     comm.close()
@@ -130,6 +130,33 @@ def test_ranks_that_mix_the_forms_of_a_kept_call_raise_and_get_no_result(monkeyp
     assert time.monotonic() - start < 10
     if comm.rank == 0:
         np.testing.assert_array_equal(out, 5.0)
+    comm.close()
+
+
+@pytest.mark.parametrize("mpi_blocking", [None, False])
+def test_check_mode_names_ranks_that_mix_the_forms_of_a_call(monkeypatch, mpi_blocking):
+    # By default MPI matches no two forms of a synchronous call (blocking, or kept): check
+    # mode compares the form too. Told non-blocking (mpi_blocking=False), ranks may mix them.
+    monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING", raising=False)
+    monkeypatch.delenv("COLLECTIVES_MPI_PERSISTENT", raising=False)
+    comm = col.init("mpi", timeout=10.0, check=True, mpi_blocking=mpi_blocking)
+    x = np.ones(4)
+
+    def mixed() -> None:
+        if comm.rank == 0:
+            comm.all_reduce(x)
+        else:
+            with comm.group():
+                comm.all_reduce(x)
+
+    if comm._books.blocking or comm._books.kept_bytes > 0:
+        with pytest.raises(col.CollectiveMismatchError) as info:
+            mixed()
+        assert "form differs (rank 0: synchronous, rank 1: async_op=True)" in str(info.value)
+        np.testing.assert_array_equal(x, 1.0)  # caught before the call was made
+    else:
+        mixed()
+        np.testing.assert_array_equal(x, comm.size)
     comm.close()
 
 
