@@ -89,6 +89,20 @@ def test_a_small_call_on_a_blocking_communicator_raises_its_timeout_in_the_calle
     assert "rank 0 caught the timeout" in output and "aborting" not in output
 
 
+def test_a_small_call_with_default_settings_on_mpich_raises_its_timeout_in_the_caller(tmp_path):
+    # MPICH's small synchronous calls are kept persistent requests by default (polled): a
+    # stuck one raises in the caller, as the contract has it, with no setting given
+    if mpi_family() != "mpich":
+        pytest.skip("by default a small synchronous call is kept on MPICH only")
+    script = CAUGHT_TIMEOUT.format(stuck_for=2.5).replace(", mpi_blocking=False", "")
+    assert "mpi_blocking" not in script
+    env = {"COLLECTIVES_MPI_BLOCKING": "", "COLLECTIVES_MPI_PERSISTENT": ""}  # as if unset
+    proc, _ = _job(tmp_path, script, 2, env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "rank 0 caught the timeout" in output and "aborting" not in output
+
+
 def test_leaving_with_a_failed_communicator_ends_normally_when_every_rank_leaves(tmp_path):
     # rank 1 was only late: it reaches the exit within rank 0's timeout, so nothing hangs
     proc, _ = _job(tmp_path, CAUGHT_TIMEOUT.format(stuck_for=2.5), 2, {})
