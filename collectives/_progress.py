@@ -41,7 +41,8 @@ _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
 #: CPUs fetch together) cost 0.1 to 0.2 us a call in line transfers between the cores (Open
 #: MPI, 2 ranks, 8 B all_reduce in place: 0.88 to 0.99 us against 0.77 to 0.80 apart; raw
 #: mpi4py 0.71 to 0.81; benchmarks/README.md)
-_PART = 128 + _AREA
+_WORDS_BYTES = 128  # a rank's words, padded to the pair of cache lines
+_PART = _WORDS_BYTES + _AREA
 _STRIDE = _PART // 8  # words from one rank's part to the next's
 
 
@@ -121,7 +122,7 @@ class ProgressBoard:
     @staticmethod
     def _area(index: int) -> int:
         """Where local rank ``index``'s area begins, in bytes."""
-        return index * _PART + 128
+        return index * _PART + _WORDS_BYTES
 
     def waiting(self, text: str) -> None:
         """Post that this rank is blocked in the call ``text`` describes (only once a wait
