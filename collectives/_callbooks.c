@@ -22,6 +22,7 @@
 
 const Primitives *primitives; /* NULL: the mpi4py primitives below */
 PyObject *py_post, *py_poll;  /* _direct._py_post and _py_poll */
+PyObject *py_reduce_local;    /* _direct._py_reduce_local */
 PyObject *mpi_exception;      /* mpi4py's MPI.Exception: made from an error code */
 PyObject *point_to_point;     /* _check.POINT_TO_POINT: calls not numbered as collectives */
 PyObject *in_use_error;       /* CommunicatorStateError, and the words it says */
@@ -35,6 +36,7 @@ PyObject *kind_names;         /* _direct.KINDS, a tuple of str */
 int counted_reduce_scatter;   /* _direct.COUNTED_REDUCE_SCATTER: 1 non-blocking, 2 blocking */
 Py_ssize_t counted_from;      /* _direct.COUNTED_FROM */
 int sendrecv_posted;          /* _direct.SENDRECV_POSTED */
+int exchanges;                /* _direct.EXCHANGES */
 PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype, *s_synchronous, *s_async_op;
 
 /* ------------------------------------------------------------------------------- Entry */
@@ -402,20 +404,20 @@ static PyObject *configure(PyObject *self, PyObject *args)
 }
 
 /* use_primitives(capsule or None, py_post, py_poll, kinds, ndarray, fast_type, fast_op,
- * reduce_op, empty, counted_reduce_scatter, counted_from, sendrecv_posted): _direct.py's,
- * once */
+ * reduce_op, empty, counted_reduce_scatter, counted_from, sendrecv_posted, exchanges,
+ * py_reduce_local): _direct.py's, once */
 static PyObject *use_primitives(PyObject *self, PyObject *args)
 {
-    PyObject *capsule, *objects[8];
-    PyObject **slots[8] = {&py_post, &py_poll,  &kind_names, &ndarray,
-                           &fast_type, &fast_op, &reduce_op, &empty};
+    PyObject *capsule, *objects[9];
+    PyObject **slots[9] = {&py_post,  &py_poll,   &kind_names, &ndarray,        &fast_type,
+                           &fast_op,  &reduce_op, &empty,      &py_reduce_local};
     (void)self;
-    int counted, posted;
+    int counted, posted, exchange;
     Py_ssize_t from;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOinp", &capsule, &objects[0], &objects[1],
+    if (!PyArg_ParseTuple(args, "OOOO!OO!O!OOinppO", &capsule, &objects[0], &objects[1],
                           &PyTuple_Type, &objects[2], &objects[3], &PyDict_Type, &objects[4],
                           &PyDict_Type, &objects[5], &objects[6], &objects[7], &counted, &from,
-                          &posted))
+                          &posted, &exchange, &objects[8]))
         return NULL;
     if (PyTuple_GET_SIZE(objects[2]) != KINDS) {
         PyErr_Format(PyExc_ValueError, "use_primitives: %d kinds expected", KINDS);
@@ -431,7 +433,8 @@ static PyObject *use_primitives(PyObject *self, PyObject *args)
     counted_reduce_scatter = counted;
     counted_from = from;
     sendrecv_posted = posted;
-    for (int i = 0; i < 8; i++) {
+    exchanges = exchange;
+    for (int i = 0; i < 9; i++) {
         Py_INCREF(objects[i]);
         Py_XSETREF(*slots[i], objects[i]);
     }
@@ -443,7 +446,8 @@ static PyMethodDef module_methods[] = {
      "configure(point_to_point, in_use_error, in_use_text, mpi_exception)"},
     {"use_primitives", use_primitives, METH_VARARGS,
      "use_primitives(capsule, py_post, py_poll, kinds, ndarray, fast_type, fast_op, "
-     "reduce_op, empty, counted_reduce_scatter, counted_from, sendrecv_posted)"},
+     "reduce_op, empty, counted_reduce_scatter, counted_from, sendrecv_posted, exchanges, "
+     "py_reduce_local)"},
     {NULL, NULL, 0, NULL},
 };
 

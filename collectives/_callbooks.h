@@ -16,6 +16,7 @@
 /* set once by configure() and use_primitives() (_books.py, _direct.py) */
 extern const Primitives *primitives; /* NULL: the mpi4py primitives */
 extern PyObject *py_post, *py_poll;  /* _direct._py_post and _py_poll */
+extern PyObject *py_reduce_local;    /* _direct._py_reduce_local */
 extern PyObject *mpi_exception;      /* mpi4py's MPI.Exception: made from an error code */
 extern PyObject *point_to_point;     /* _check.POINT_TO_POINT: not numbered as collectives */
 extern PyObject *in_use_error;       /* CommunicatorStateError, and the words it says */
@@ -29,6 +30,7 @@ extern PyObject *kind_names; /* _direct.KINDS, a tuple of str */
 extern int counted_reduce_scatter; /* reduce_scatters given counts: 1 non-blocking, 2 blocking */
 extern Py_ssize_t counted_from;    /* bytes per rank from which they are */
 extern int sendrecv_posted;        /* the primitives post SENDRECV (MPI_Isendrecv): 1, or 0 */
+extern int exchanges;              /* _direct.EXCHANGES: a two-rank reduce_scatter may be one */
 extern PyObject *s_append, *s_pop, *s_verify, *s_shape, *s_dtype, *s_synchronous, *s_async_op;
 
 static inline double now(void)
@@ -78,12 +80,17 @@ typedef struct {
 
 extern PyTypeObject CallBooksType;
 
-/* A copy made once a call completes: `bytes` from `from` to `to`, memory that the call
- * holds until then. */
+/* A copy made once a call completes: `bytes` from `from` (the memory of `owner`) to `to`,
+ * memory that the call holds until then. Where `op` is set, `to = from op to` instead
+ * (MPI_Reduce_local of `count` elements of `datatype`; `op` and `datatype` are FAST_OP's
+ * and FAST_TYPE's, which live as long as the module). */
 typedef struct {
     void *to;
     const void *from;
     Py_ssize_t bytes;
+    PyObject *owner;
+    PyObject *op, *datatype;
+    long long count;
 } Copy;
 
 /* One checked direct-path call (the arguments of run()); the verbs make it with new_call()
@@ -98,13 +105,16 @@ typedef struct {
     int source_rank;             /* a sendrecv's source */
     int async_op;
     int counted;       /* a reduce_scatter large enough to be given each rank's count */
+    /* a two-rank reduce_scatter made as one exchange with the peer (root_rank, and
+     * source_rank: -1 for every other reduce_scatter); `copy` reduces what it got */
+    int exchange;
     /* the memory of send and recv where the verb holds their buffers, else NULL (then the
      * call takes their buffers itself: an array the verb made) */
     const void *send_at;
     void *recv_at;
     const Py_buffer *array_view; /* `array`'s buffer where the verb holds it, else NULL */
     /* made once the call completes (the in-place reduce_scatter's result, from recv to the
-     * call's result); no bytes: none */
+     * call's result; an exchange's reduction); no bytes: none */
     Copy copy;
 } Call;
 
@@ -113,6 +123,8 @@ PyObject *run(CallBooks *b, const Call *c);
 unsigned long long handle_of(PyObject *value, int *failed);
 int poll_call(double yield_after, PyObject **request_obj, unsigned long long *request);
 PyObject *raise_mpi_error(CallBooks *b, PyObject *call);
+int make_copy(const Copy *k);
+PyObject *scratch(CallBooks *b, Py_ssize_t nbytes);
 PyObject *CallBooks_take(CallBooks *b, PyObject *call);
 PyObject *CallBooks_give(CallBooks *b, PyObject *unused);
 PyObject *CallBooks_number(CallBooks *b, PyObject *const *args, Py_ssize_t nargs);

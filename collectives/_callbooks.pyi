@@ -98,6 +98,8 @@ def use_primitives(
     counted_reduce_scatter: int,
     counted_from: int,
     sendrecv_posted: bool,
+    exchanges: bool,
+    py_reduce_local: Callable[..., None],
 ) -> None: ...
 
 class DirectVerb:

@@ -89,7 +89,7 @@ Kept *kept_for(CallBooks *b, const Call *c, int *failed)
 {
     *failed = 0;
     if (b->kept_bytes <= 0 || primitives == NULL || primitives->init == NULL ||
-        !kept_kind(c->kind) || c->async_op || b->grouped || c->counted)
+        !kept_kind(c->kind) || c->async_op || b->grouped || c->counted || c->exchange)
         return NULL;
     Py_ssize_t bytes = 0;
     if (c->kind != BARRIER) { /* what every rank has alike: the count and the dtype */

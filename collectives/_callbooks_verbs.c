@@ -99,25 +99,6 @@ static int is_slot(const Arr *part, const Arr *whole, Py_ssize_t index)
            (char *)part->v.buf == (char *)whole->v.buf + index * part->v.len;
 }
 
-/* Memory for `nbytes` of a result that is copied where it belongs once complete (new
- * reference): the books' own bytearray, grown as needed, unless a call in flight holds it
- * (its Work and arrays let go of it once complete), then a new one. Reusing one buffer
- * matters: MPI libraries make fresh memory slow (MPICH's and Intel MPI's 1 MiB calls take
- * several times as long). NULL with an error set. */
-static PyObject *scratch(CallBooks *b, Py_ssize_t nbytes)
-{
-    if (b->scratch != NULL && Py_REFCNT(b->scratch) > 1) /* lent to a call in flight */
-        return PyByteArray_FromStringAndSize(NULL, nbytes);
-    if (b->scratch == NULL || PyByteArray_GET_SIZE(b->scratch) < nbytes) {
-        PyObject *fresh = PyByteArray_FromStringAndSize(NULL, nbytes);
-        if (fresh == NULL)
-            return NULL;
-        Py_XSETREF(b->scratch, fresh);
-    }
-    Py_INCREF(b->scratch);
-    return b->scratch;
-}
-
 /* A new array of `shape` (dims[:ndim]) and `dtype`, or NULL with an error set. */
 static PyObject *new_array(int ndim, const Py_ssize_t *dims, PyObject *dtype)
 {
@@ -180,6 +161,7 @@ static Call new_call(int kind, PyObject *array, PyObject *types, PyObject *resul
         .recv = Py_None,
         .datatype = types == NULL ? Py_None : PyTuple_GET_ITEM(types, 1),
         .mpi_op = Py_None,
+        .source_rank = -1,
     };
     return c;
 }
@@ -226,7 +208,8 @@ static PyObject *run_checked(CallBooks *b, Call *c, PyObject *flag, Arr *a, Arr 
                              PyObject *made_out)
 {
     c->async_op = PyObject_IsTrue(flag);
-    c->send_at = memory_of(c->send, a, o);
+    if (c->send_at == NULL)
+        c->send_at = memory_of(c->send, a, o);
     if (c->recv_at == NULL)
         c->recv_at = memory_of(c->recv, a, o);
     c->array_view = a->obj != NULL && c->array == a->obj   ? &a->v
@@ -368,11 +351,15 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
     PyObject *types = got > 0 ? arr_types(&a) : NULL;
     if (types == NULL || a.v.ndim == 0 || a.v.shape[0] != b->size)
         return finish(got < 0 || PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+    Py_ssize_t part = a.v.len / b->size;
+    int exchange = b->size == 2 && exchanges && part > b->kept_bytes; /* (_direct.EXCHANGES) */
     int in_place = 0;
-    if (out == Py_None) {
+    if (out == Py_None) { /* (an exchange reduces into it: its memory is taken) */
         out = made_out = new_array(a.v.ndim - 1, a.v.shape + 1, a.dtype);
-        if (out == NULL)
-            return finish(NULL, &a, &o);
+        if (out == NULL || (exchange && arr_take(out, 1, &o) <= 0)) {
+            Py_XDECREF(made_out);
+            return finish(PyErr_Occurred() ? NULL : NOT_OURS, &a, &o);
+        }
     } else {
         got = arr_take(out, 1, &o);
         if (got <= 0 || !made(&o, &a, a.v.ndim - 1, a.v.shape + 1))
@@ -386,16 +373,28 @@ PyObject *CallBooks_reduce_scatter(CallBooks *b, PyObject *const *args, Py_ssize
     c.send = x;
     c.recv = out;
     c.count = elements(&a.v) / b->size;
-    c.counted = a.v.len / b->size >= counted_from;
+    c.counted = part >= counted_from;
     if (in_place) {
         /* MPI's in-place form leaves the result in x[0], not x[rank], and MPI cannot reduce
-         * into part of its own send buffer: the result goes to the books' scratch and is
-         * copied to x[rank] once complete */
-        if ((made_out = scratch(b, o.v.len)) == NULL)
+         * into part of its own send buffer: the result (an exchange's: the peer's part) goes
+         * to the books' scratch, and from there to x[rank] once complete */
+        if ((made_out = scratch(b, part)) == NULL)
             return finish(NULL, &a, &o);
         c.recv = made_out;
         c.recv_at = PyByteArray_AS_STRING(made_out);
-        c.copy = (Copy){o.v.buf, c.recv_at, o.v.len};
+        c.copy = (Copy){o.v.buf, c.recv_at, part, made_out};
+    }
+    if (exchange) {
+        /* two ranks: each sends the part the other keeps, then reduces the peer's part of
+         * its own into its result: x[rank] into out, or the scratch into x[rank] */
+        c.exchange = 1;
+        c.root_rank = c.source_rank = 1 - b->rank;
+        c.send_at = (char *)a.v.buf + c.root_rank * part;
+        if (!in_place)
+            c.copy = (Copy){o.v.buf, (char *)a.v.buf + b->rank * part, part, x};
+        c.copy.op = c.mpi_op;
+        c.copy.datatype = c.datatype;
+        c.copy.count = c.count;
     }
     return run_checked(b, &c, args[3], &a, &o, made_out);
 }

@@ -21,10 +21,9 @@ typedef struct {
     CallBooks *books;
     PyObject *request_obj, *entry, *arrays;
     unsigned long long request;
-    /* an in-place form's copy to `result`, made once complete (whichever kind the Work is
-     * by then), and the array it copies from; none (NULL) otherwise */
+    /* the copy (or reduction) to `result` that the call asked for, made once complete
+     * (whichever kind the Work is by then); copy.owner held until then, NULL: none */
     Copy copy;
-    PyObject *copy_from;
 } Work;
 
 static PyObject *s_wait, *s_synchronize, *s_test, *s_done, *s_event;
@@ -44,7 +43,6 @@ static Work *work_alloc(PyObject *comm, PyObject *pending, PyObject *result)
     w->request_obj = w->entry = w->arrays = NULL;
     w->request = 0;
     w->copy = (Copy){0};
-    w->copy_from = NULL;
     PyObject_GC_Track(w);
     return w;
 }
@@ -62,22 +60,24 @@ static int let_go(Work *w)
     return rc < 0 ? -1 : 0;
 }
 
-/* The copy an in-place form asked for, made once the call has completed (once). */
-static void copied(Work *w)
+/* The copy (or reduction) the call asked for, made once it has completed (once): 0, or -1
+ * with an error set. */
+static int copied(Work *w)
 {
-    if (w->copy_from == NULL)
-        return;
-    memcpy(w->copy.to, w->copy.from, (size_t)w->copy.bytes);
-    Py_CLEAR(w->copy_from);
+    if (w->copy.owner == NULL)
+        return 0;
+    int rc = make_copy(&w->copy);
+    Py_CLEAR(w->copy.owner);
+    return rc;
 }
 
 /* The direct-path call has completed: its result where it belongs, its entry's end, and its
  * arrays let go. */
 static int completed(Work *w)
 {
-    copied(w);
+    int rc = copied(w);
     ((Entry *)w->entry)->end = now();
-    return let_go(w);
+    return let_go(w) < 0 || rc < 0 ? -1 : 0;
 }
 
 /* The direct-path call, still in flight, as the backend's Pending (in its entry's place in
@@ -149,7 +149,8 @@ static PyObject *finish(Work *w, PyObject *how)
             Py_DECREF(r);
         }
     }
-    copied(w);
+    if (copied(w) < 0)
+        return NULL;
     Py_INCREF(w->result);
     return w->result;
 }
@@ -181,8 +182,8 @@ static int is_completed(Work *w)
     PyObject *r = PyObject_CallMethodNoArgs(w->pending, s_test);
     done = r == NULL ? -1 : PyObject_IsTrue(r);
     Py_XDECREF(r);
-    if (done > 0)
-        copied(w);
+    if (done > 0 && copied(w) < 0)
+        return -1;
     return done;
 }
 
@@ -230,7 +231,7 @@ static int Work_traverse(Work *w, visitproc visit, void *arg)
     Py_VISIT(w->result);
     Py_VISIT((PyObject *)w->books);
     Py_VISIT(w->arrays);
-    Py_VISIT(w->copy_from);
+    Py_VISIT(w->copy.owner);
     return 0;
 }
 
@@ -243,7 +244,7 @@ static int Work_clear(Work *w)
     Py_CLEAR(w->request_obj);
     Py_CLEAR(w->entry);
     Py_CLEAR(w->arrays);
-    Py_CLEAR(w->copy_from); /* and with it the copy */
+    Py_CLEAR(w->copy.owner); /* and with it the copy */
     return 0;
 }
 
@@ -327,9 +328,8 @@ PyObject *direct_work(CallBooks *b, PyObject *request_obj, unsigned long long re
     if (w == NULL)
         return NULL;
     if (c->copy.bytes > 0) {
-        Py_INCREF(c->recv);
-        w->copy_from = c->recv;
         w->copy = c->copy;
+        Py_INCREF(w->copy.owner);
     }
     Py_INCREF(b);
     Py_INCREF(request_obj);

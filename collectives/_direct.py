@@ -52,7 +52,14 @@ from mpi4py import MPI
 from . import _callbooks
 from ._arrays import may_share_memory
 from ._books import CallBooks
-from ._mpi_base import _TAG, FAST_OP_OBJECTS, FAST_TYPE_OBJECTS, YIELD_EVERY, library_path
+from ._mpi_base import (
+    _TAG,
+    EXCHANGE_TAG,
+    FAST_OP_OBJECTS,
+    FAST_TYPE_OBJECTS,
+    YIELD_EVERY,
+    library_path,
+)
 from ._ops import ReduceOp
 
 _IN_PLACE = MPI.IN_PLACE
@@ -119,13 +126,15 @@ def _py_post(
     t: Any,
     op: Any,
     root: int,
-    source: int = 0,
+    source: int = -1,
     counts: Any = None,
 ) -> Any:
     """The primitive ``post`` (``_primitives.h``) on mpi4py: the request, or None once a
     blocking call returned. ``root``: the root, or the peer (a sendrecv's destination);
-    ``source``: a sendrecv's; ``counts``: None, or each rank's count of a reduce_scatter
-    (int64 words): ``(I)reduce_scatter`` then."""
+    ``source``: a sendrecv's, or for a reduce_scatter 0 or more: two ranks' exchange (``s[root]``
+    to ``root``, the peer's part of ours from ``source`` into ``r``; :data:`EXCHANGES`);
+    ``counts``: None, or each rank's count of a reduce_scatter (int64 words):
+    ``(I)reduce_scatter`` then."""
     b = blocking and kind != SEND and kind != RECV  # a send or a recv is never blocking
     if kind == ALL_REDUCE:
         return (comm.Allreduce if b else comm.Iallreduce)(_spec(s, t, _IN_PLACE), [r, t], op)
@@ -137,6 +146,9 @@ def _py_post(
     if kind == ALL_GATHER:
         return (comm.Allgather if b else comm.Iallgather)(_spec(s, t, _IN_PLACE), [r, t])
     if kind == REDUCE_SCATTER:  # r may be longer (the books' scratch of an in-place form)
+        if source >= 0:
+            post = comm.Sendrecv if b else comm.Isendrecv
+            return post([s[root], t], root, EXCHANGE_TAG, [r, count, t], source, EXCHANGE_TAG)
         if counts is not None:
             post = comm.Reduce_scatter if b else comm.Ireduce_scatter
             return post([s, t], [r, count, t], memoryview(counts).cast("q").tolist(), op)
@@ -158,6 +170,11 @@ def _py_post(
         post = comm.Sendrecv if b else comm.Isendrecv
         return post([s, t], root, _TAG, [r, t], source, _TAG)
     return comm.Barrier() if b else comm.Ibarrier()
+
+
+def _py_reduce_local(source: memoryview, target: memoryview, count: int, t: Any, op: Any) -> None:
+    """The primitive ``reduce_local`` on mpi4py: ``target = source op target``."""
+    op.Reduce_local([source, count, t], [target, count, t])
 
 
 #: seconds of yielding polls before ``poll`` hands a call back to the caller's wait
@@ -257,8 +274,8 @@ def barrier(books: CallBooks, async_op: bool = False) -> Any:
 
 #: MPI calls the C primitives make, by ABI: the non-blocking call of each kind (as KINDS),
 #: then the blocking call of each kind, then the reduce_scatter with counts (non-blocking,
-#: blocking), then MPI_Test, then the persistent call of each kind ("": none), MPI_Start and
-#: MPI_Request_free;
+#: blocking), then MPI_Test, then the persistent call of each kind ("": none), MPI_Start,
+#: MPI_Request_free and MPI_Reduce_local;
 #: Open MPI 5 has no large-count (``_c``) calls; an MPI before 4.0 has no sendrecv's and no
 #: persistent calls (:data:`_OPTIONAL`)
 _MPICH_CALLS = (
@@ -303,6 +320,7 @@ _MPICH_CALLS = (
     "",
     "MPI_Start",
     "MPI_Request_free",
+    "MPI_Reduce_local_c",
 )
 _CALLS = {
     "mpich": _MPICH_CALLS,
@@ -312,6 +330,7 @@ _CALLS = {
 #: is a persistent request
 _OPTIONAL = frozenset(
     {"MPI_Isendrecv", "MPI_Isendrecv_c", "MPI_Sendrecv", "MPI_Sendrecv_c"}
+    | {"MPI_Reduce_local", "MPI_Reduce_local_c"}
     | {name for names in (_MPICH_CALLS, _CALLS["ompi"]) for name in names if "_init" in name}
 )
 
@@ -384,7 +403,8 @@ FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.it
 
 def set_up(module: Any, addresses: list[int]) -> None:
     """Hand the C module the MPI calls at ``addresses`` (as :data:`_CALLS` lists them)."""
-    module.setup(list(addresses), int(_IN_PLACE), _TAG, MPI._handleof(MPI.INFO_NULL) & (2**64 - 1))
+    info_null = MPI._handleof(MPI.INFO_NULL) & (2**64 - 1)
+    module.setup(list(addresses), int(_IN_PLACE), _TAG, info_null, EXCHANGE_TAG)
 
 
 def _c_request(given: Any) -> MPI.Request:
@@ -430,6 +450,24 @@ COUNTED_REDUCE_SCATTER = {"MPICH": 1, "Open MPI": 2}.get(MPI.get_vendor()[0], 0)
 #: bytes per rank from which they are (below, the two cost the same)
 COUNTED_FROM = 64 << 10
 
+
+def _exchanges() -> bool:
+    """Whether a two-rank reduce_scatter may be an exchange: this MPI has ``MPI_Isendrecv``
+    and ``MPI_Reduce_local`` where the C primitives call them."""
+    if not SENDRECV_POSTED:
+        return False
+    return _FAST is None or bool(_FAST[1][-1])  # MPI_Reduce_local(_c), the last call
+
+
+#: whether a reduce_scatter of two ranks is one exchange (each sends the part the other
+#: keeps, then reduces what it got into its own with ``MPI_Reduce_local``), but for the sizes
+#: kept as persistent requests (``kept_bytes``, where those are faster still): MPICH's, Open
+#: MPI's and Intel MPI's own reduce_scatter took 1.1x to 7.9x its time from 16 KiB a call to
+#: 16 MiB, 0.9x to 1.2x at 4 KiB, as long or longer below (benchmarks/README.md, "Two ranks'
+#: reduce_scatter as one exchange"). The general path makes the same choice
+#: (``MpiBackend.reduce_scatter``): ranks must meet in it whichever path each takes.
+EXCHANGES = _exchanges()
+
 _callbooks.use_primitives(
     None if _FAST is None else _FAST[0].primitives,
     _py_post,
@@ -443,4 +481,6 @@ _callbooks.use_primitives(
     COUNTED_REDUCE_SCATTER,
     COUNTED_FROM,
     SENDRECV_POSTED,
+    EXCHANGES,
+    _py_reduce_local,
 )

@@ -68,6 +68,7 @@ typedef int (*AllgatherInitFn)(In, Count, Handle, Out, Count, Handle, Handle, Ha
 typedef int (*RootedInitFn)(In, Count, Handle, Out, Count, Handle, int, Handle, Handle, Req);
 typedef int (*BarrierInitFn)(Handle, Handle, Req);
 typedef int (*RequestFn)(Req);
+typedef int (*ReduceLocalFn)(In, Out, Count, Handle, Handle);
 
 static void *calls[KINDS];        /* the non-blocking MPI call of each kind */
 /* the blocking MPI call of each kind (those of send and recv unused) */
@@ -76,7 +77,9 @@ static TestFn mpi_test;
 /* MPI_Ireduce_scatter(_c) and MPI_Reduce_scatter(_c): the reduce_scatter with counts */
 static void *ireduce_scatter_v, *reduce_scatter_v;
 static void *mpi_in_place;
-static int tag; /* the tag of send and recv */
+static int tag;          /* the tag of send and recv */
+static int exchange_tag; /* the tag of a two-rank reduce_scatter's exchange */
+static ReduceLocalFn mpi_reduce_local;
 /* the persistent call of each collective kind (0 for SEND, RECV, SENDRECV), MPI_Start,
  * MPI_Request_free, MPI_INFO_NULL; init_calls[ALL_REDUCE] 0: this MPI lacks one of them */
 static void *init_calls[KINDS];
@@ -140,6 +143,10 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
             return ((SendrecvFn)f)(s, n, datatype, root, tag, r, n, datatype, source, tag,
                                    comm, status);
         case REDUCE_SCATTER:
+            if (source >= 0)
+                return ((SendrecvFn)blocking_calls[SENDRECV])(s, n, datatype, root,
+                                                             exchange_tag, r, n, datatype,
+                                                             source, exchange_tag, comm, status);
             if (counts != NULL)
                 return ((ReduceScatterVFn)reduce_scatter_v)(s, r, counts, datatype, op, comm);
             return ((AllreduceFn)f)(s, r, n, datatype, op, comm);
@@ -174,7 +181,10 @@ static int post(int kind, int blocking, unsigned long long comm_handle, const vo
         rc = ((IallgatherFn)f)(s, n, datatype, r, n, datatype, comm, &request);
         break;
     case REDUCE_SCATTER:
-        if (counts != NULL)
+        if (source >= 0)
+            rc = ((IsendrecvFn)calls[SENDRECV])(s, n, datatype, root, exchange_tag, r, n,
+                                                datatype, source, exchange_tag, comm, &request);
+        else if (counts != NULL)
             rc = ((IreduceScatterVFn)ireduce_scatter_v)(s, r, counts, datatype, op, comm,
                                                         &request);
         else
@@ -284,23 +294,32 @@ static int release(unsigned long long *request_handle)
     return rc;
 }
 
-static Primitives primitives = {post, poll, (int)sizeof(Count), NULL, start, release};
+/* Primitives.reduce_local (_primitives.h) */
+static int reduce_local(const void *in, void *inout, long long count,
+                        unsigned long long datatype_handle, unsigned long long op_handle)
+{
+    return mpi_reduce_local(in, inout, (Count)count, as_handle(datatype_handle),
+                            as_handle(op_handle));
+}
 
-/* setup(addresses, in_place, tag, info_null): addresses are the non-blocking calls of each
- * kind, then the blocking call of each kind, then MPI_Ireduce_scatter(_c) and
- * MPI_Reduce_scatter(_c), then MPI_Test, then the persistent call of each kind, MPI_Start and
- * MPI_Request_free. The sendrecv's may be 0 (an MPI before 4.0 has no MPI_Isendrecv), and
- * the persistent ones (then init is NULL); those of send, recv and sendrecv are 0. */
-#define ADDRESSES (3 * KINDS + 5)
+static Primitives primitives = {post, poll, (int)sizeof(Count), NULL, start, release, NULL};
+
+/* setup(addresses, in_place, tag, info_null, exchange_tag): addresses are the non-blocking
+ * calls of each kind, then the blocking call of each kind, then MPI_Ireduce_scatter(_c) and
+ * MPI_Reduce_scatter(_c), then MPI_Test, then the persistent call of each kind, MPI_Start,
+ * MPI_Request_free and MPI_Reduce_local(_c). The sendrecv's may be 0 (an MPI before 4.0 has
+ * no MPI_Isendrecv), and the persistent ones (then init is NULL); those of send, recv and
+ * sendrecv are 0; MPI_Reduce_local(_c) may be 0 (then reduce_local is NULL). */
+#define ADDRESSES (3 * KINDS + 6)
 static PyObject *setup(PyObject *self, PyObject *args)
 {
     PyObject *addresses;
     long long in_place;
     unsigned long long info;
-    int the_tag;
+    int the_tag, the_exchange_tag;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!LiK", &PyList_Type, &addresses, &in_place, &the_tag,
-                          &info))
+    if (!PyArg_ParseTuple(args, "O!LiKi", &PyList_Type, &addresses, &in_place, &the_tag,
+                          &info, &the_exchange_tag))
         return NULL;
     if (PyList_GET_SIZE(addresses) != ADDRESSES) {
         PyErr_Format(PyExc_ValueError, "setup: %d addresses expected", ADDRESSES);
@@ -313,6 +332,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
         if (found[i] == NULL && PyErr_Occurred())
             return NULL;
         int kind = i - 2 * KINDS - 3; /* of the persistent calls */
+        if (found[i] == NULL && i == ADDRESSES - 1)
+            continue;
         if (found[i] == NULL && kind >= 0) {
             persistent &= kind == SEND || kind == RECV || kind == SENDRECV;
             continue;
@@ -326,6 +347,8 @@ static PyObject *setup(PyObject *self, PyObject *args)
         init_calls[i] = found[2 * KINDS + 3 + i];
     mpi_start = (RequestFn)found[3 * KINDS + 3];
     mpi_request_free = (RequestFn)found[3 * KINDS + 4];
+    mpi_reduce_local = (ReduceLocalFn)found[3 * KINDS + 5];
+    primitives.reduce_local = mpi_reduce_local != NULL ? reduce_local : NULL;
     info_null = as_handle(info);
     primitives.init = persistent && mpi_start && mpi_request_free ? init : NULL;
     for (int i = 0; i < KINDS; i++) {
@@ -337,11 +360,12 @@ static PyObject *setup(PyObject *self, PyObject *args)
     mpi_test = (TestFn)found[2 * KINDS + 2];
     mpi_in_place = (void *)(intptr_t)in_place;
     tag = the_tag;
+    exchange_tag = the_exchange_tag;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"setup", setup, METH_VARARGS, "setup(addresses, in_place, tag)"},
+    {"setup", setup, METH_VARARGS, "setup(addresses, in_place, tag, info_null, exchange_tag)"},
     {NULL, NULL, 0, NULL},
 };
 

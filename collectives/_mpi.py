@@ -26,6 +26,7 @@ from ._errors import CollectivesError, CollectiveTimeoutError
 from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here)
     _ABANDONED,
     _TAG,
+    EXCHANGE_TAG,
     FAST_OP_OBJECTS,
     FAST_TYPE_OBJECTS,
     KEPT_ALL_TO_ALL_IN_PLACE,
@@ -233,6 +234,13 @@ class MpiBackend:
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
         t = MPI_TYPE[name]
+        if (
+            self.size == 2
+            and _direct.EXCHANGES
+            and out.nbytes > self.kept_bytes
+            and not is_device_array(x)
+        ):
+            return self._exchange(x, out, t, op)  # as the direct path makes it
         if _direct.COUNTED_REDUCE_SCATTER & 1 and out.nbytes >= _direct.COUNTED_FROM:
             # as the direct path posts it on MPICH
             counts = [out.size] * self.size
@@ -246,6 +254,27 @@ class MpiBackend:
             )
         return self._post(
             self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
+        )
+
+    def _exchange(self, x: Any, out: Any, t: MPI.Datatype, op: ReduceOp) -> MpiPending:
+        """A two-rank reduce_scatter as one exchange (``_direct.EXCHANGES``): the part
+        the peer keeps goes to it, its part of ours comes into ``out``, then ours is reduced
+        into that."""
+        peer, mine, mpi_op = 1 - self.rank, x[self.rank], MPI_OP[op]
+
+        def reduce() -> None:
+            mpi_op.Reduce_local([mine, t], [out, t])
+
+        avg = self._avg(op, out)
+        return self._post(
+            self.comm.Isendrecv,
+            [x[peer], t],
+            peer,
+            EXCHANGE_TAG,
+            [out, t],
+            peer,
+            EXCHANGE_TAG,
+            then=reduce if avg is None else _chain(reduce, avg),
         )
 
     def all_to_all(self, x: Any, out: Any, name: str) -> MpiPending:

@@ -20,6 +20,9 @@ from ._work import Pending
 
 #: the tag of send/recv (the direct path's and the backend's: one matching order)
 _TAG = 7071
+#: the tag of a two-rank reduce_scatter's exchange (``_direct.EXCHANGES``): apart from
+#: send/recv's, so that it never matches a user's message in flight
+EXCHANGE_TAG = 7073
 #: tests between two yields of the core (``_fastmpi.c``'s too): a rank that shares its core
 #: gives it up after every 8 tests, not after each one: 4 ranks on 2 cores waited 1.4x to
 #: 2.2x as long yielding after each test (every MPI; some calls need a few tests in a row

@@ -19,8 +19,11 @@ typedef struct {
      * returns once done and leaves *request 0. `counts`: NULL, or for REDUCE_SCATTER each
      * rank's count (one per rank, `count_bytes` wide, alive until the request completes):
      * then MPI_(I)reduce_scatter, which some libraries run with a faster algorithm than
-     * MPI_(I)reduce_scatter_block. The MPI error code, or 0. Touches no Python object: the
-     * caller may release the GIL around it. */
+     * MPI_(I)reduce_scatter_block. A REDUCE_SCATTER with `source` 0 or more is two ranks'
+     * exchange instead: `send` (the `count` elements the peer keeps) goes to `root`, and
+     * `recv` gets the peer's part of ours from `source` (MPI_(I)sendrecv under a tag of its
+     * own); the caller reduces it with reduce_local. The MPI error code, or 0. Touches no
+     * Python object: the caller may release the GIL around it. */
     int (*post)(int kind, int blocking, unsigned long long comm, const void *send, void *recv,
                 long long count, unsigned long long datatype, unsigned long long op, int root,
                 int source, const void *counts, unsigned long long *request);
@@ -42,6 +45,10 @@ typedef struct {
     /* MPI_Start and MPI_Request_free of a persistent request (free leaves *request null) */
     int (*start)(unsigned long long *request);
     int (*release)(unsigned long long *request);
+    /* MPI_Reduce_local: inout = in op inout, `count` elements (NULL where this MPI lacks
+     * it). The MPI error code, or 0. Touches no Python object. */
+    int (*reduce_local)(const void *in, void *inout, long long count,
+                        unsigned long long datatype, unsigned long long op);
 } Primitives;
 
 #endif
