@@ -231,7 +231,8 @@ class NcclBaseline:
         import cupy
 
         nc, g, c = self.comm, self.nccl, case.count
-        dt, op = _NCCL_TYPE[case.dtype.name], _NCCL_OP[case.redop]
+        # verbs without a reduction name theirs "none", as nccl-tests prints it
+        dt, op = _NCCL_TYPE[case.dtype.name], _NCCL_OP.get(case.redop, _NCCL_OP["sum"])
         stream = cupy.cuda.get_current_stream().ptr
         s, r, b, root = case.send, case.recv, case.buf, case.root
         p = {

@@ -28,6 +28,7 @@ from ._communicator import Communicator
 from ._dtypes import FLOATING
 from ._errors import CommunicatorStateError, InvalidArgumentError
 from ._mpi import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
+from ._nccl_device import ordering_stream
 from ._nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
 from ._ops import ReduceOp
 
@@ -116,7 +117,7 @@ class HierarchicalWork:
 
     A phase is the steps that can run together (one per communicator: the all-reduces of
     the slots a rank carries across nodes, say); each phase reads the previous one's result.
-    On NCCL every step is issued at once: the one stream per device runs them in order. On
+    On NCCL every step is issued at once, ordered on a stream of the view's. On
     MPI only the first phase is in flight after the call and ``wait()`` issues the others:
     wait for it on every rank, in the same order as the calls (as DDP does);
     ``is_completed()`` stays False until then. Otherwise it becomes True once the last step
@@ -522,6 +523,27 @@ class HierarchicalCommunicator:
         """The rows of ``a`` that the index array ``which`` lists, as a new array."""
         return array_module(a).take(a, self._index(a, which), axis=0)
 
+    def _issue_in_order(self, phases: list[list[Step]]) -> list[Any]:
+        """NCCL: issue every step at once, each phase ordered after the previous one on a
+        stream of this thread's (each communicator runs on a stream of its own, so nothing
+        else orders them), itself ordered after the caller's stream; the caller's stream is
+        left free, as an ``async_op=True`` call leaves it."""
+        import cupy
+
+        assert self.device is not None
+        caller = cupy.cuda.get_current_stream(self.device)
+        lane = ordering_stream(self.device)
+        works: list[Any] = []
+        with cupy.cuda.Device(self.device):
+            lane.wait_event(caller.record(cupy.cuda.Event(disable_timing=True)))
+            with lane:
+                for phase in phases:
+                    issued = [step(True) for step in phase]
+                    for work in issued:
+                        work.wait()  # the lane (current in here) waits for this phase
+                    works.extend(issued)
+        return works
+
     def _each_carrier(self, step: Callable[[int, Communicator, bool], Any]) -> list[Step]:
         """``step`` once per slot this rank carries, in slot order (the same on every rank)."""
         return [functools.partial(step, j, c) for j, c in enumerate(self._carriers)]
@@ -530,8 +552,8 @@ class HierarchicalCommunicator:
         """Issue the phases of a call (see :class:`HierarchicalWork`). Every communicator
         has its step of a call in the same phase on each of its ranks, so its calls are
         issued in the same order everywhere."""
-        if self.backend == "nccl":  # one stream per device orders the steps: issue all now
-            works, later = [step(True) for phase in phases for step in phase], []
+        if self.backend == "nccl":  # every step issued now, ordered on a stream of the view's
+            works, later = self._issue_in_order(phases), []
         elif async_op:  # a phase reads the previous one's result: only the first can be in flight
             works, later = [step(True) for step in phases[0]], phases[1:]
         else:

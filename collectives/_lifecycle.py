@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -40,6 +41,7 @@ class Lifecycle:
     rank: int
     size: int
     timeout: float
+    device: int | None
     mpi_comm: MPI.Comm
     recorder: Any
     _impl: Backend
@@ -68,10 +70,13 @@ class Lifecycle:
         any thread); every rank should hand it over at the same point of its program. Local:
         nothing is communicated.
 
+        On NCCL the thread must make the communicator's GPU current before it makes arrays
+        (CUDA's current device is per thread): :meth:`device_scope`.
+
         Example:
             >>> worker = threading.Thread(target=train, args=(comm,))
             >>> comm.hand_over(worker)     # before worker.start() is fine
-            >>> worker.start()
+            >>> worker.start()             # train starts with `with comm.device_scope():`
         """
         if not isinstance(thread, threading.Thread):
             raise InvalidArgumentError(
@@ -82,6 +87,29 @@ class Lifecycle:
             raise CommunicatorStateError(f"hand_over: {IN_USE}")
         self._owner_thread, self._owner = thread, thread.ident
         self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
+
+    def device_scope(self) -> contextlib.AbstractContextManager:
+        """Make the communicator's GPU the calling thread's current device for a with-block.
+
+        CUDA's current device is per host thread and starts at 0 in every new thread, and
+        CuPy allocates there: a thread handed a communicator on device 1 must make it current
+        before it makes arrays, or its calls are refused ("x is on device 0, expected device
+        1"). On the MPI backend (no device) it does nothing.
+
+        Example:
+            >>> def train(comm):
+            ...     with comm.device_scope():   # first thing in the thread
+            ...         x = comm.xp.ones(4)
+            ...         comm.all_reduce(x)
+            >>> worker = threading.Thread(target=train, args=(comm,))
+            >>> comm.hand_over(worker)
+            >>> worker.start()
+        """
+        if self.device is None:
+            return contextlib.nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(self.device)
 
     @property
     def owner(self) -> threading.Thread:

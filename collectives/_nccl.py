@@ -1,12 +1,12 @@
 """The NCCL backend: ``cupy.cuda.nccl`` on the device's collectives stream.
 
-Stream policy: every NCCL communicator of this process on one device shares one stream
-(:func:`device_stream`), so NCCL kernels run on a device in the order they were issued, which
-is the same order on every rank when the program issues its calls in the same order (NCCL's
-rule for several communicators used together; a sub-communicator with its own stream could
-deadlock against another's kernel). Each call is ordered after the caller's current stream on
-the communicator's device and (synchronous calls) leaves that stream waiting on its
-completion event; the host is not blocked.
+Stream policy: each communicator issues on a stream of its own (:func:`new_stream`), as
+torch's ProcessGroupNCCL does, so a call stuck on one communicator never holds up another's
+calls (whose watchdogs would then time out healthy communicators). Each call is ordered
+after the caller's current stream on the communicator's device by an event and (synchronous
+calls) leaves that stream waiting on its completion event; the host is not blocked. Calls on
+two communicators are ordered only through the caller's stream: a synchronous call orders
+the next one, an ``async_op=True`` call does not until its ``Work.wait()``.
 
 Failure handling, the watchdog and the calls in flight are in :mod:`._nccl_flight`; the
 device, its stream and communicator creation in :mod:`._nccl_device`.
@@ -32,8 +32,8 @@ from ._errors import (
 from ._nccl_device import (
     choose_device,
     create_communicator,
-    device_stream,
     nccl_unavailable_reason,
+    new_stream,
     placement,
 )
 from ._nccl_device import event_done as _event_done  # noqa: F401  (imported from here)
@@ -52,10 +52,10 @@ __all__ = [
     "NcclPending",
     "choose_device",
     "create_communicator",
-    "device_stream",
     "end_group",
     "make_nccl_backend",
     "nccl_unavailable_reason",
+    "new_stream",
     "placement",
 ]
 
@@ -89,9 +89,16 @@ class NcclBackend(WatchedCommunicator):
                     f"nccl backend, got {type(a).__module__}.{type(a).__name__}"
                 )
             if a.device.id != self.device:
+                current = self.cupy.cuda.Device().id
+                hint = (
+                    f"; this thread's current device is {current}: make the arrays inside "
+                    "`with comm.device_scope():`"
+                    if current != self.device
+                    else ""
+                )
                 raise InvalidArgumentError(
                     f"{call}: {arg} is on device {a.device.id}, expected device "
-                    f"{self.device} (the communicator's)"
+                    f"{self.device} (the communicator's){hint}"
                 )
 
     def _check_not_capturing(self, call: str) -> None:
@@ -126,7 +133,8 @@ class NcclBackend(WatchedCommunicator):
         array = arrays[0] if arrays and arrays[0] is not None else None
         # For a message while issuing; the front end fills in the final entry afterwards.
         seq = 0 if self._context is None else self._context.seq()
-        pending.info = (seq, call, getattr(array, "shape", None), None)
+        dtype = getattr(array, "dtype", None)
+        pending.info = (seq, call, getattr(array, "shape", None), dtype and dtype.name)
         state = groups.current()
         self._prune()
         with self.cupy.cuda.Device(self.device):
@@ -183,11 +191,20 @@ class NcclBackend(WatchedCommunicator):
         self.fail(error)
 
     def _prune(self) -> None:
-        """Mark finished calls completed (in the caller's thread: the flight recorder and
-        the timeline are not the watchdog's to touch)."""
+        """Mark finished calls completed and let their arrays go (in the caller's thread: the
+        flight recorder and the timeline are not the watchdog's to touch). Calls on one
+        stream finish in issue order: the first unfinished one ends the look, so a host that
+        issues far ahead of the device pays for the calls that finished, not for every call
+        in flight."""
         try:
             with self._lock:
-                finished = [p for p, _ in self._in_flight if _finished(p)]
+                done = 0
+                for p, _ in self._in_flight:
+                    if not _finished(p):
+                        break
+                    done += 1
+                finished = [p for p, _ in self._in_flight[:done]]
+                del self._in_flight[:done]
         except self.cupy.cuda.runtime.CUDARuntimeError as e:
             self.fail(cuda_error("a call in flight", e))
             return

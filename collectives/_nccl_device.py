@@ -1,5 +1,5 @@
-"""The device side of the NCCL backend: whether NCCL is usable, which GPU a rank takes, the
-one collectives stream per device, completion events, and creating a communicator.
+"""The device side of the NCCL backend: whether NCCL is usable, which GPU a rank takes, each
+communicator's stream, completion events, and creating a communicator.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from typing import Any
 from ._backend import Bootstrap
 from ._errors import InvalidArgumentError
 from ._nccl_rules import event_query_done
-
-_STREAMS: dict[int, Any] = {}
-_STREAMS_LOCK = threading.Lock()
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -34,16 +31,25 @@ def nccl_unavailable_reason() -> str | None:
     return None
 
 
-def device_stream(device: int) -> Any:
-    """The one stream every NCCL communicator of this process uses on ``device``."""
+def new_stream(device: int) -> Any:
+    """A stream of its own for one communicator on ``device``: a call stuck on one
+    communicator then holds up that communicator's later calls only, never another's."""
     import cupy
 
-    with _STREAMS_LOCK:
-        stream = _STREAMS.get(device)
-        if stream is None:
-            with cupy.cuda.Device(device):  # a Stream belongs to the device current at creation
-                stream = _STREAMS[device] = cupy.cuda.Stream(non_blocking=True)
-        return stream
+    with cupy.cuda.Device(device):  # a Stream belongs to the device current at creation
+        return cupy.cuda.Stream(non_blocking=True)
+
+
+def ordering_stream(device: int) -> Any:
+    """This thread's stream on ``device`` for ordering calls made on several communicators
+    one after another (each communicator has its own stream: nothing else orders them)."""
+    streams = _ORDERING.__dict__.setdefault("by_device", {})
+    if device not in streams:
+        streams[device] = new_stream(device)
+    return streams[device]
+
+
+_ORDERING = threading.local()
 
 
 def finished(pending: Any) -> bool:

@@ -5,6 +5,12 @@ thread polls those events and ``check_async_error``; past the timeout it marks t
 failed and aborts the communicator, but never while a thread is inside an NCCL call on it
 (NCCL forbids concurrent use of one communicator): then the abort waits until that thread
 leaves NCCL. Arrays are released only after the abort and once the stream is idle.
+
+A host thread that is still inside NCCL :data:`HOST_HANG_GRACE_S` after its call timed out
+(a lazy connect to a peer that never made its first call, or died before it: NCCL blocks
+the caller there, and CuPy has no non-blocking communicators to poll) can never be given
+the error: the watchdog prints it, naming the call, and ends the job, as torch's watchdog
+takes a process down.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from mpi4py import MPI
 
 from . import _nccl_group as groups
 from ._backend import BackendContext, Bootstrap
@@ -23,11 +31,14 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from ._nccl_device import device_stream, event_done, finished
+from ._nccl_device import event_done, finished, new_stream
 from ._nccl_rules import cuda_error, nccl_error
+from ._stderr import let_the_launcher_read_stderr
 from ._work import Pending, timeout_error
 
 WATCHDOG_PERIOD_S = 0.1
+#: how long a host thread may stay inside NCCL after its call timed out before the job ends
+HOST_HANG_GRACE_S = 3.0
 
 
 class NcclPending(Pending):
@@ -107,7 +118,7 @@ class WatchedCommunicator:
         self.size = bootstrap.size
         self.device = device
         self.timeout = timeout
-        self.stream = device_stream(device)
+        self.stream = new_stream(device)
         self.has_avg = nccl.get_version() >= 21000
         self._in_flight: list[tuple[NcclPending, tuple]] = []
         self._lock = threading.Lock()
@@ -121,6 +132,7 @@ class WatchedCommunicator:
         self._context: BackendContext | None = None  # the front end's (NcclBackend.attach)
         self._stop = threading.Event()
         self._warned_host_hang = False
+        self._failed_at: float | None = None
         self._drained: Any = None  # the event after which the arrays in flight may go
         self._watchdog = threading.Thread(
             target=self._watch, name="collectives-nccl-watchdog", daemon=True
@@ -152,6 +164,7 @@ class WatchedCommunicator:
         with self._lock:
             if self._error is None:
                 self._error = error
+                self._failed_at = time.monotonic()
         self._request_abort()
 
     def raise_if_failed(self) -> None:
@@ -226,8 +239,8 @@ class WatchedCommunicator:
             try:
                 if self._error is None:
                     self._check()
-                elif not self._warned_host_hang and self._entered is not None:
-                    self._warn_host_hang()
+                elif self._entered is not None:
+                    self._host_hangs()
             except Exception as e:  # never die silently: the failure aborts, and we go on
                 self.fail(nccl_error("watchdog", e))
         self._release_arrays()
@@ -268,14 +281,32 @@ class WatchedCommunicator:
         except RuntimeError:  # the caller's thread appended to the recorder as it was read
             return self._timeout(None, waited)
 
-    def _warn_host_hang(self) -> None:
-        self._warned_host_hang = True
+    def _host_hangs(self) -> None:
+        """A failure is declared while a host thread is inside NCCL: say so once, and end
+        the job if the thread is still there :data:`HOST_HANG_GRACE_S` later."""
         entered = self._entered
         what = entered[1].describe() if entered and entered[1] is not None else "an NCCL call"
+        if not self._warned_host_hang:
+            self._warned_host_hang = True
+            sys.stderr.write(
+                f"collectives: rank {self.rank}: {what} failed while the host is inside "
+                "NCCL; the communicator is aborted when that call returns\n"
+            )
+        failed_at = self._failed_at
+        if entered is None or failed_at is None:
+            return
+        if time.monotonic() - max(failed_at, entered[0]) < HOST_HANG_GRACE_S:
+            return
+        if self._context is not None:
+            self._context.dump_flight_record()
         sys.stderr.write(
-            f"collectives: rank {self.rank}: {what} timed out while the host is inside NCCL; "
-            "the communicator is aborted when that call returns\n"
+            f"[rank {MPI.COMM_WORLD.Get_rank()}] {type(self._error).__name__}: {self._error}\n"
+            f"A host thread is still inside NCCL ({what}) {HOST_HANG_GRACE_S:g} s after the "
+            "failure, where no error can reach it: aborting the job.\n"
         )
+        sys.stderr.flush()
+        let_the_launcher_read_stderr()
+        MPI.COMM_WORLD.Abort(1)
 
     def _release_arrays(self) -> None:
         """After the abort (or destroy): drop the arrays once what was queued before it has

@@ -103,7 +103,8 @@ class Pending:
         self.arrays = None
         if self.posted is not None:
             self.posted.done_waiting()
-        self.state = "completed"
+        if self.state == "started":  # a call that timed out and was aborted stays so
+            self.state = "completed"
         self.end = time.monotonic()
         if _timeline.TIMELINE is not None and self.track:
             _timeline.TIMELINE.pending(self, self.track)

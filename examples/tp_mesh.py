@@ -7,7 +7,8 @@ rank also trains the unsharded model on the whole batch with plain AdamW, in flo
 printed losses of the two agree to rounding.
 
 Options: --steps 8 --batch 8 --hidden 16 --lr 0.05 (full-batch training; --batch is the
-share of each data-parallel rank).
+share of each data-parallel rank) --backend auto (CuPy arrays on NCCL, NumPy on MPI; the
+unsharded reference runs on NumPy either way).
 Also runs on 1 process (a 1 x 1 mesh) or 2 (1 x 2).
 """
 
@@ -65,9 +66,10 @@ def train(
     """(losses of the 2D-parallel model, losses of the unsharded model), one per step."""
     mesh = col.DeviceMesh(comm, mesh_shape(comm.size))
     tp, dp, d = mesh["tp"], mesh["dp"], mesh.coord["dp"]
+    xp = comm.xp  # the backend's array module: cupy on nccl, numpy on mpi
     full = init_weights(hidden)
-    fc1 = ColumnParallelLinear(full["w1"], full["b1"], tp)
-    fc2 = RowParallelLinear(full["w2"], full["b2"], tp)
+    fc1 = ColumnParallelLinear(xp.asarray(full["w1"]), xp.asarray(full["b1"]), tp)
+    fc2 = RowParallelLinear(xp.asarray(full["w2"]), xp.asarray(full["b2"]), tp)
     # ZeRO over dp, on this rank's tensor-parallel shards; the layers then train on views
     # into the optimizer's flat buffer, so each step's all-gather updates them in place.
     shards = {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias}
@@ -83,11 +85,10 @@ def train(
     losses, reference_losses = [], []
     data = global_batch(batch * dp.size)
     for _ in range(steps):
-        x, t = data
-        x, t = x[d * batch : (d + 1) * batch], t[d * batch : (d + 1) * batch]
-        a = np.tanh(fc1.forward(x))
+        x, t = (xp.asarray(v[d * batch : (d + 1) * batch]) for v in data)
+        a = xp.tanh(fc1.forward(x))
         y = fc2.forward(a)
-        loss = np.array([np.mean((y - t) ** 2)])
+        loss = xp.mean((y - t) ** 2).reshape(1)
         dp.all_reduce(loss, op="avg")  # equal local batches: the mean of means is the mean
         dh = fc2.backward(2 * (y - t) / y.size) * (1 - a * a)
         fc1.backward(dh)
@@ -110,11 +111,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--backend", default="auto")
     args = parser.parse_args()
-    with col.init(backend="mpi") as comm:
+    with col.init(backend=args.backend) as comm:
         losses, reference = train(comm, args.steps, args.batch, args.hidden, args.lr)
         if comm.rank == 0:
-            print(f"mesh {mesh_shape(comm.size)} on {comm.size} ranks")
+            print(f"mesh {mesh_shape(comm.size)} on {comm.size} ranks, backend {comm.backend}")
             print(f"{'step':>4}  {'loss (dp x tp)':>20}  {'loss (unsharded)':>20}  {'|diff|':>8}")
             for step, (a, b) in enumerate(zip(losses, reference)):
                 print(f"{step:>4}  {a:>20.15f}  {b:>20.15f}  {abs(a - b):>8.1e}")

@@ -3,6 +3,10 @@
 import os
 from collections import Counter
 
+from tests.emulated_gpu import switch_on
+
+switch_on()  # COLLECTIVES_TEST_EMULATED_GPUS: every rank imports the emulated CuPy
+
 _UNDER_MPI = any(
     v in os.environ for v in ("SPMD_REPORT_DIR", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 )

@@ -35,6 +35,11 @@ def test_summary_line_says_when_results_were_wrong_or_not_checked():
     assert _table.verdict(wrong).endswith("; 4 WRONG elements")
     unchecked = _table.summary([_row(64, 1.0, 1.0, wrong=None)])
     assert _table.verdict(unchecked).endswith("; results not checked (-c 0)")
+    # sendrecv's in-place form is timed, never checked (N/A): the rest was checked
+    row = _row(64, 1.0, 1.0)
+    row["in_place"]["wrong"] = row["baseline"]["in_place"]["wrong"] = None
+    partly = _table.summary([row])
+    assert _table.verdict(partly).endswith("; every result checked but the N/A ones, 0 wrong")
 
 
 def test_sizes_are_written_in_binary_units():

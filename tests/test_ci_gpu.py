@@ -178,7 +178,8 @@ def test_a_rehearsed_step_leaves_its_results_and_files(tmp_path):
     assert [s["budget_s"] for s in results["steps"][1:]] == [60, 45]
     rows = results["sweep-nccl-1"]["rows"]
     assert rows and all(row["in_place"]["wrong"] == 0 for row in rows)
-    assert "largest relative difference between mpi and mpi: 0.00e+00" in proc.stdout
+    # the emulated NCCL reduces in rank order, as MPI does at one rank: the same losses
+    assert "largest relative difference between nccl and mpi: 0.00e+00" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["gpu.log", "results.json", "sweep-nccl-1.png"]
     assert "every file can come back" in proc.stdout
 

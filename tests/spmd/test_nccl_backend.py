@@ -308,8 +308,8 @@ def test_streams_and_events_are_on_the_communicators_device(nccl):
 
 
 def test_dp_and_tp_calls_in_flight_together_on_a_mesh(nccl):
-    """Defect 6: one stream per device orders every communicator's calls as issued, the
-    same on every rank, so async DP reductions and TP calls may be in flight together."""
+    """Async DP reductions and TP calls in flight together, each communicator on a stream of
+    its own, each call ordered after the caller's stream: every result is right."""
     import cupy
 
     size = nccl.size
@@ -317,7 +317,7 @@ def test_dp_and_tp_calls_in_flight_together_on_a_mesh(nccl):
     mesh = col.DeviceMesh(nccl, {"dp": size // tp, "tp": tp})
     try:
         dp, tpc = mesh["dp"], mesh["tp"]
-        assert dp.stream is tpc.stream is nccl.stream
+        assert len({id(dp.stream), id(tpc.stream), id(nccl.stream)}) == 3
         grads = [cupy.full(1 << 20, 1.0, cupy.float32) for _ in range(4)]
         works = []
         for i, g in enumerate(grads):
@@ -532,3 +532,32 @@ def test_a_call_while_a_cuda_graph_is_captured_is_refused_before_anything_is_iss
     np.testing.assert_array_equal(doubled.get(), np.full(4, 2.0, np.float32))
     nccl.all_reduce(x)  # nothing was issued: the communicator works as before
     np.testing.assert_array_equal(x.get(), np.full(4, nccl.size, np.float32))
+
+
+def test_a_stuck_call_on_one_communicator_never_holds_up_another(nccl):
+    """Each communicator issues on a stream of its own: while a call on one never completes
+    (its peer never joins), another communicator's calls go on, and only the stuck one's
+    watchdog fires."""
+    import cupy
+    from mpi4py import MPI
+
+    if nccl.size < 2:
+        pytest.skip("needs a peer that does not join")
+    stuck = init_with_short_timeout("nccl", 3.0)
+    other = init_with_short_timeout("nccl", 3.0)
+    try:
+        x = cupy.ones(4, cupy.float32)
+        work = stuck.all_reduce(x, async_op=True) if nccl.rank == 0 else None  # rank 1 never joins
+        y = cupy.ones(8, cupy.float32)
+        for _ in range(3):
+            other.all_reduce(y, async_op=True).synchronize()
+        assert y.get().tolist() == [float(nccl.size**3)] * 8
+        if work is not None:
+            with pytest.raises(col.CollectiveTimeoutError, match="did not complete"):
+                work.synchronize()
+        other.all_reduce(y)  # healthy still
+        other.barrier()
+    finally:
+        MPI.COMM_WORLD.Barrier()
+        stuck.abort()
+        other.close()

@@ -72,8 +72,9 @@ def test_hand_over_gives_the_communicator_to_another_thread_and_back(comm, xp):
     worker_results: list = []
 
     def worker_body() -> None:
-        x = xp.full(2, comm.rank + 1.0)
-        worker_results.append(comm.all_reduce(x, async_op=True).wait())
+        with comm.device_scope():  # the documented first step of a thread given a communicator
+            x = xp.full(2, comm.rank + 1.0)
+            worker_results.append(comm.all_reduce(x, async_op=True).wait())
         comm.hand_over(main)
 
     worker = threading.Thread(target=worker_body, name="worker")
@@ -89,6 +90,46 @@ def test_hand_over_gives_the_communicator_to_another_thread_and_back(comm, xp):
     np.testing.assert_array_equal(got.get() if hasattr(got, "get") else got,
                                   comm.size * (comm.size + 1) / 2)  # fmt: skip
     assert comm.owner is main
+    _all_reduce_is_right(comm, xp)
+
+
+def test_a_thread_works_on_the_communicators_device_inside_device_scope(comm, xp):
+    """CUDA's current device is per thread and starts at 0: a thread given a communicator on
+    another device makes arrays there only inside ``comm.device_scope()``; outside it, the
+    refusal says what to do. Every rank makes the same calls, refused or not."""
+    if comm.device is None:
+        with comm.device_scope():  # nothing to make current on MPI
+            _all_reduce_is_right(comm, xp)
+        return
+    outcome: list = []
+
+    def worker_body() -> None:
+        if comm.device != 0:  # refused before communicating: the ranks stay in step
+            x = xp.ones(2)  # made on this thread's current device: 0
+            try:
+                comm.all_reduce(x)
+            except col.InvalidArgumentError as e:
+                outcome.append(("refused", str(e)))
+        with comm.device_scope():
+            y = xp.full(2, comm.rank + 1.0)
+            outcome.append(("device", y.device.id))
+            comm.all_reduce(y)
+            outcome.append(("sum", y.get().tolist()))
+        comm.hand_over(main)
+
+    main = threading.current_thread()
+    worker = threading.Thread(target=worker_body, name="worker")
+    comm.hand_over(worker)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    sums = [v for k, v in outcome if k == "sum"]
+    assert [v for k, v in outcome if k == "device"] == [comm.device]
+    assert sums == [[comm.size * (comm.size + 1) / 2] * 2]
+    if comm.device != 0:
+        refusal = next(v for k, v in outcome if k == "refused")
+        assert f"x is on device 0, expected device {comm.device}" in refusal, refusal
+        assert "comm.device_scope()" in refusal, refusal
     _all_reduce_is_right(comm, xp)
 
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 import collectives as col
 from collectives._guard import EVERY_CALL_UNTIL
-from tests.short_timeout import init_with_short_timeout
+from tests.short_timeout import init_with_short_timeout, warm_up_counts
 
 WORLD_SIZES = (2, 3)
 
@@ -43,6 +43,7 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(
 ):
     monkeypatch.setenv("COLLECTIVES_FLIGHT_RECORDER", str(tmp_path))
     comm = init_with_short_timeout(backend, 1.0, mpi_blocking=False)
+    calls, collectives = warm_up_counts(comm)  # made before the test's own calls
     x = xp.ones(3)
     finished(comm, "all_reduce", x)
     if comm.rank == 0:
@@ -52,16 +53,19 @@ def test_stuck_collective_times_out_naming_call_and_missing_ranks(
         waited = time.monotonic() - start
         assert 1.0 <= waited < 30.0  # after the timeout, and long before the launch's limit
         message = str(info.value)
-        assert "all_reduce #2" in message and "shape (3,)" in message
-        missing = ", ".join(f"rank {r} (at collective #1)" for r in range(1, comm.size))
-        assert f"Ranks that have not reached collective #2: {missing}" in message
+        assert f"all_reduce #{calls + 2}" in message and "shape (3,)" in message
+        missing = ", ".join(
+            f"rank {r} (at collective #{collectives + 1})" for r in range(1, comm.size)
+        )
+        assert f"Ranks that have not reached collective #{collectives + 2}: {missing}" in message
         with pytest.raises(col.CommunicatorStateError, match="unusable after an earlier error"):
             comm.broadcast(x)
-        assert [c["state"] for c in comm.flight_record()] == ["completed", "timed out"]
+        states = [c["state"] for c in comm.flight_record()]
+        assert states[calls:] == ["completed", "timed out"]
         dumped = json.loads((tmp_path / "flight-recorder.rank0.json").read_text())
-        assert [(c["seq"], c["call"], c["state"]) for c in dumped["calls"]] == [
-            (1, "all_reduce", "completed"),
-            (2, "all_reduce", "timed out"),
+        assert [(c["seq"], c["call"], c["state"]) for c in dumped["calls"]][calls:] == [
+            (calls + 1, "all_reduce", "completed"),
+            (calls + 2, "all_reduce", "timed out"),
         ]
     comm.close()
 
@@ -97,8 +101,11 @@ def _rank() -> int:
 
 def test_timeout_on_point_to_point_names_recv(backend, xp):
     comm = init_with_short_timeout(backend, 0.5, mpi_blocking=False)
+    first = warm_up_counts(comm)[0] + 1
     if comm.rank == 1:
-        with pytest.raises(col.CollectiveTimeoutError, match=r"recv #1 \(shape \(2,\), int32\)"):
+        with pytest.raises(
+            col.CollectiveTimeoutError, match=rf"recv #{first} \(shape \(2,\), int32\)"
+        ):
             finished(comm, "recv", xp.empty(2, np.int32), 0)
     comm.close()
 
@@ -166,14 +173,17 @@ def test_check_mode_and_progress_board_number_collectives_apart_from_point_to_po
     comm.all_reduce(x)  # call #3 on ranks 0 and 1, #1 elsewhere: collective #1 everywhere
     np.testing.assert_array_equal(host(x), comm.size)
     comm.broadcast(x, root=comm.size - 1)
-    if comm.rank == 0:
-        with pytest.raises(col.CollectiveTimeoutError) as info:
-            comm.barrier()
-        message = str(info.value)
-        assert "check before barrier, collective #3" in message  # call #5 here
-        missing = ", ".join(f"rank {r} (at collective #2)" for r in range(1, comm.size))
-        assert f"Ranks that have not reached collective #3: {missing}" in message
-    MPI.COMM_WORLD.Barrier()  # the others leave once rank 0 has timed out
+    k = warm_up_counts(comm)[1]
+    try:
+        if comm.rank == 0:
+            with pytest.raises(col.CollectiveTimeoutError) as info:
+                comm.barrier()
+            message = str(info.value)
+            assert f"check before barrier, collective #{k + 3}" in message  # call #5 here
+            missing = ", ".join(f"rank {r} (at collective #{k + 2})" for r in range(1, comm.size))
+            assert f"Ranks that have not reached collective #{k + 3}: {missing}" in message
+    finally:
+        MPI.COMM_WORLD.Barrier()  # the others leave once rank 0 has timed out
     comm.close()
 
 

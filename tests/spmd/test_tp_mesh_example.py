@@ -22,7 +22,6 @@ def test_docstring_starts_with_the_launch_command():
     assert load_example().__doc__.splitlines()[0] == "mpiexec -n 4 python examples/tp_mesh.py"
 
 
-@pytest.mark.numpy_only(reason="examples/tp_mesh.py trains on NumPy arrays")
 def test_losses_equal_unsharded_training(comm):
     example = load_example()
     losses, reference = example.train(comm, steps=6)
