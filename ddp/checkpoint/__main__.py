@@ -5,6 +5,11 @@ with its global shape, dtype, and the blocks and files that hold it, then the JS
 ``consolidate`` checks every file's checksum and writes one safetensors file of whole
 tensors by global name (the JSON values go in its metadata, under ``values``), which
 ``safetensors.numpy.load_file`` reads; it holds the whole state in memory once.
+
+A path that is not a checkpoint, a damaged checkpoint or an output that cannot be written
+prints one line on stderr and exits with status 1. Example::
+
+    python -m ddp.checkpoint inspect ckpt
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import sys
 from typing import Any, Optional
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from ._format import read_index
+from ._format import CheckpointError, read_index
 from ._load import load, resolve
 
 
@@ -55,7 +61,11 @@ def consolidate(directory: str, output: str) -> int:
     state.update({name: None for name in index["values"]})
     values = load(path, state)
     tensors = {name: state[name] for name in index["tensors"]}
-    save_file(tensors, output, metadata={"values": json.dumps(values), "step": str(index["step"])})
+    metadata = {"values": json.dumps(values), "step": str(index["step"])}
+    try:
+        save_file(tensors, output, metadata=metadata)
+    except SafetensorError as error:  # it reports I/O errors as its own
+        raise CheckpointError(f"consolidate: cannot write {output}: {error}") from None
     return len(tensors)
 
 
@@ -67,11 +77,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     merge.add_argument("directory")
     merge.add_argument("output")
     args = parser.parse_args(argv)
-    if args.command == "inspect":
-        inspect(args.directory)
-    else:
-        count = consolidate(args.directory, args.output)
-        print(f"wrote {count} tensors to {args.output}")
+    try:
+        if args.command == "inspect":
+            inspect(args.directory)
+        else:
+            count = consolidate(args.directory, args.output)
+            print(f"wrote {count} tensors to {args.output}")
+    except (CheckpointError, OSError) as error:
+        # one line, no traceback: the path or the file named is the problem, not the tool
+        print(f"{parser.prog} {args.command}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

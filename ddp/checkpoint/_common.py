@@ -56,14 +56,3 @@ def to_host(x: Any, copy: bool) -> np.ndarray:
 
 def step_dir(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}"
-
-
-def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every complete checkpoint under ``directory``, oldest first."""
-    found = []
-    if Path(directory).is_dir():
-        for entry in Path(directory).iterdir():
-            match = STEP_DIR.match(entry.name)
-            if match and (entry / "index.json").is_file():
-                found.append((int(match.group(1)), entry))
-    return sorted(found)

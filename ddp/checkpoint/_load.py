@@ -10,18 +10,28 @@ from typing import Any
 
 from collectives import CommunicatorLike, InvalidArgumentError, array_module
 
-from ._common import exchange, world
-from ._format import CheckpointError, SafetensorsReader, file_crc32, read_index
+from ._commit import OLD
+from ._common import STEP_DIR, exchange, world
+from ._format import INDEX, CheckpointError, SafetensorsReader, file_crc32, read_index
 from ._save import latest
 from ._shard import flatten_state, intersect
 
 __all__ = ["load", "resolve"]
 
 
+FLOATS = ("float16", "bfloat16", "float32", "float64")  # the dtypes cast=True converts between
+
+
 def resolve(path: str | Path) -> Path:
-    """``path`` itself if it is a checkpoint, else the newest complete one under it."""
+    """``path`` itself if it is a checkpoint, else the newest complete one under it.
+
+    A ``step-*`` directory is a checkpoint even without its index (a load of it then raises
+    :class:`CheckpointError` naming the missing file). Example: ``resolve("ckpt")`` ->
+    ``Path("ckpt/step-00000012")``.
+    """
     path = Path(path)
-    if (path / "index.json").is_file():
+    name = path.name.removeprefix(OLD)
+    if (path / INDEX).is_file() or STEP_DIR.match(name):
         return path
     found = latest(path)
     if found is None:
@@ -29,7 +39,7 @@ def resolve(path: str | Path) -> Path:
     return found
 
 
-def _problems(flat: Any, index: dict[str, Any]) -> list[str]:
+def _problems(flat: Any, index: dict[str, Any], cast: bool) -> list[str]:
     """What this rank's state gets wrong against the index (names are checked together)."""
     found = []
     for name, shards in flat.tensors.items():
@@ -43,8 +53,17 @@ def _problems(flat: Any, index: dict[str, Any]) -> list[str]:
                 "in the checkpoint"
             )
         elif str(first.local.dtype) != saved["dtype"]:
+            here = str(first.local.dtype)
+            if cast and here in FLOATS and saved["dtype"] in FLOATS:
+                continue
             found.append(
-                f"{name!r} has dtype {first.local.dtype} here, {saved['dtype']} in the checkpoint"
+                f"{name!r} has dtype {here} here, {saved['dtype']} in the checkpoint"
+                + (
+                    f" (cast=True converts only between {', '.join(FLOATS)}: integers and "
+                    "bools are never cast)"
+                    if cast
+                    else " (cast=True converts between floating dtypes)"
+                )
             )
     for name in flat.values:
         if name in index["tensors"]:
@@ -76,6 +95,7 @@ def load(
     *,
     strict: bool = True,
     verify: bool = True,
+    cast: bool = False,
 ) -> dict[str, Any]:
     """Fill ``state`` (the same kind of mapping :func:`save` takes) from checkpoint ``path``.
 
@@ -85,6 +105,10 @@ def load(
     over ``comm``. Before any array changes, every rank raises :class:`CheckpointError` if
     a name is missing (or, with ``strict``, extra), a global shape or dtype differs, or
     (with ``verify``) a file fails its checksum; the files' checksums are spread over ranks.
+    A data file that is not readable safetensors, or lacks a block the index names, is an
+    error before any array changes too (``verify=False`` included). With ``cast=True`` a
+    tensor saved as float16, bfloat16, float32 or float64 loads into an array of another of
+    these dtypes (rounded to it; bfloat16 needs ``ml_dtypes``); other dtypes must match.
 
     Example::
 
@@ -100,10 +124,13 @@ def load(
         raise
     found: dict[str, Any] = {}
     index: dict[str, Any] = {}
+    reads: list[tuple[Any, tuple, Any]] = []
     try:
         checkpoint = resolve(path)
         index = read_index(checkpoint)
-        found["problems"] = _problems(flat, index)
+        found["problems"] = _problems(flat, index, cast)
+        if not found["problems"]:
+            reads, found["problems"] = _plan(checkpoint, index, flat)
         if verify:
             files = sorted(index["files"])
             bad = []
@@ -137,7 +164,10 @@ def load(
             problems.append(f"names in the checkpoint that the state does not have: {extra}")
     if problems:
         raise CheckpointError(f"load: {path}: " + "; ".join(problems))
-    _read(checkpoint, index, flat)
+    for local, into_mine, block in reads:
+        if block.dtype != local.dtype:
+            block = block.astype(local.dtype)  # cast=True, checked above; on the host
+        local[into_mine] = array_module(local).asarray(block)
     values = {name: index["values"][name] for name in flat.values}
     for obj, prefix, inner in flat.callbacks:
         if hasattr(obj, "load_state_dict"):
@@ -145,25 +175,37 @@ def load(
     return values
 
 
-def _read(checkpoint: Path, index: dict[str, Any], flat: Any) -> None:
+def _plan(
+    checkpoint: Path, index: dict[str, Any], flat: Any
+) -> tuple[list[tuple[Any, tuple, Any]], list[str]]:
+    """What this rank reads: ``(local array, slices into it, saved block view)`` for each
+    overlap, every file's header read and every block found in it (no data read yet);
+    and the problems found instead, naming the file."""
     files: dict[str, SafetensorsReader] = {}
+    reads, problems = [], []
     for name, shards in flat.tensors.items():
+        if name not in index["tensors"]:
+            continue  # a missing name: reported once all ranks' names are known
         dtype = index["tensors"][name]["dtype"]
         for shard in shards:
-            xp = array_module(shard.local)
             filled = 0
             for saved in index["tensors"][name]["shards"]:
                 overlap = intersect(shard.offsets, shard.shape, saved["offsets"], saved["shape"])
                 if overlap is None:
                     continue
                 into_mine, into_saved = overlap
-                if saved["file"] not in files:
-                    files[saved["file"]] = SafetensorsReader(checkpoint / saved["file"])
-                block = files[saved["file"]].get(saved["key"], dtype, saved["shape"])
-                shard.local[into_mine] = xp.asarray(block[into_saved])
+                try:
+                    if saved["file"] not in files:
+                        files[saved["file"]] = SafetensorsReader(checkpoint / saved["file"])
+                    block = files[saved["file"]].get(saved["key"], dtype, saved["shape"])
+                except CheckpointError as error:
+                    problems.append(str(error).removeprefix("load: "))
+                    return [], problems
+                reads.append((shard.local, into_mine, block[into_saved]))
                 filled += math.prod(s.stop - s.start for s in into_mine)
             if filled != math.prod(shard.shape):
-                raise CheckpointError(
-                    f"load: {name!r} at offsets {list(shard.offsets)} got {filled} of "
+                problems.append(
+                    f"{name!r} at offsets {list(shard.offsets)} gets {filled} of "
                     f"{math.prod(shard.shape)} elements from the checkpoint"
                 )
+    return reads, problems

@@ -1,5 +1,6 @@
 """Save: every rank writes its blocks at once, each replicated block by one of its holders,
-under a temporary directory committed by renaming it after the index is written."""
+under a temporary directory committed by renaming it after the index is written (the
+renames and removals, and the kill points tests use: :mod:`ddp.checkpoint._commit`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -15,13 +17,16 @@ import numpy as np
 
 from collectives import CommunicatorLike, InvalidArgumentError
 
-from ._common import TEMP_PREFIX, complete_checkpoints, exchange, step_dir, to_host, world
+from ._commit import candidates, commit, recover, retain, stop_at
+from ._common import TEMP_PREFIX, exchange, step_dir, to_host, world
 from ._format import (
     FORMAT,
     VERSION,
     CheckpointError,
+    NewerFormatError,
     dtype_code,
     fsync_dir,
+    read_index,
     shard_key,
     write_index,
     write_safetensors,
@@ -39,11 +44,35 @@ _STAGING: dict[tuple, np.ndarray] = {}
 def latest(directory: str | Path) -> Optional[Path]:
     """The newest complete checkpoint under ``directory`` (None if there is none).
 
-    Partial ones (a save killed midway leaves a ``.tmp-*`` directory) are never returned.
-    Example: ``ddp.checkpoint.latest("ckpt")`` -> ``Path("ckpt/step-00000012")``.
+    Partial ones (a save killed midway leaves a ``.tmp-*`` directory) are never returned. A
+    ``step-*`` directory whose index is missing or fails its checksum is skipped with a
+    warning naming it (one of a newer format version is returned). Where a kill interrupted the replacement of step N by a save of the
+    same step, the previous copy ``.tmp-old-step-N`` is returned (the next save restores
+    it as ``step-N``). Example: ``ddp.checkpoint.latest("ckpt")`` ->
+    ``Path("ckpt/step-00000012")``.
     """
-    found = complete_checkpoints(Path(directory))
-    return found[-1][1] if found else None
+    for _, path in reversed(candidates(Path(directory))):
+        try:
+            read_index(path, "latest")
+        except NewerFormatError:
+            return path  # complete, for a newer library: load says to upgrade
+        except CheckpointError as error:
+            warnings.warn(f"{error}; skipped", RuntimeWarning, stacklevel=2)
+            continue
+        return path
+    return None
+
+
+def _complete(directory: Path) -> list[Path]:
+    """The complete checkpoints under ``directory``, oldest first (no warnings: for keep=)."""
+    found = []
+    for _, path in candidates(directory):
+        try:
+            read_index(path, "save")
+        except CheckpointError:
+            continue
+        found.append(path)
+    return found
 
 
 def assign_writers(table: dict[str, dict[str, Any]]) -> dict[tuple[str, tuple, tuple], int]:
@@ -198,22 +227,45 @@ class SaveHandle:
 
     def _commit(self) -> Path:
         comm = self.comm
-        results = exchange(comm, self._result)
+        try:
+            results = exchange(comm, self._result)
+        except BaseException:  # a rank died or timed out: leave no partial save behind
+            self._clean_up()
+            raise
         errors = [r["error"] for r in results if "error" in r]
         if errors:
-            if world(comm).rank == 0:
-                shutil.rmtree(self.temp, ignore_errors=True)
+            self._clean_up()
+            # no rank raises (whose abort may kill the job) before rank 0 has cleaned up
+            exchange(comm, {})
             raise CheckpointError(f"save: step {self.step} failed: " + "; ".join(errors))
         outcome: dict[str, Any] = {}
         if world(comm).rank == 0:
             try:
                 self._write_index(results)
+                commit(self.temp, self.final)
             except Exception as error:
                 outcome = {"error": f"rank 0: {type(error).__name__}: {error}"}
+                self._clean_up()
         outcome = exchange(comm, outcome)[0]
         if "error" in outcome:
             raise CheckpointError(f"save: step {self.step} failed: {outcome['error']}")
+        if self.keep is not None and world(comm).rank == 0:
+            try:
+                retain(self.final.parent, _complete(self.final.parent), self.keep)
+            except OSError as error:  # the save itself is committed
+                warnings.warn(
+                    f"save(keep={self.keep}): cannot remove an older checkpoint: {error}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return self.final
+
+    def _clean_up(self) -> None:
+        """Remove this rank's file of a failed save and, on rank 0, the temporary directory."""
+        if self._result.get("file"):
+            (self.temp / self._result["file"]).unlink(missing_ok=True)
+        if world(self.comm).rank == 0:
+            shutil.rmtree(self.temp, ignore_errors=True)
 
     def _write_index(self, results: list[dict[str, Any]]) -> None:
         table, writers = self._plan["table"], self._plan["writers"]
@@ -241,17 +293,9 @@ class SaveHandle:
             "tensors": tensors,
             "values": self._plan["values"],
         }
+        stop_at("before-index")
         write_index(self.temp, index)
         fsync_dir(self.temp)
-        if self.final.exists():  # the same step saved again: the new one replaces it
-            stale = self.final.with_name(TEMP_PREFIX + "old-" + self.final.name)
-            self.final.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        self.temp.rename(self.final)
-        fsync_dir(self.final.parent)
-        if self.keep is not None:
-            for _, old in complete_checkpoints(self.final.parent)[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
 
 
 def _local_meta(flat: Flat) -> dict[str, Any]:
@@ -316,9 +360,7 @@ def save(
     temp = directory / f"{TEMP_PREFIX}step-{step:08d}"
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        for entry in directory.iterdir():  # partial saves of jobs killed midway
-            if entry.name.startswith(TEMP_PREFIX):
-                shutil.rmtree(entry, ignore_errors=True)
+        recover(directory)  # what saves killed midway left
         temp.mkdir()
     metas = exchange(comm, meta)  # also: the directory exists from here on
     try:
@@ -331,6 +373,8 @@ def save(
     except InvalidArgumentError:
         if rank == 0:
             shutil.rmtree(temp, ignore_errors=True)
+        if not alone:  # no rank raises (and may abort the job) before rank 0 has cleaned up
+            exchange(comm, {})
         raise
     writers = assign_writers(table)
     values: dict[str, Any] = {}
