@@ -2,8 +2,13 @@
 
 build-ext [REPO]              the project's C extensions built in place where missing
 versions [--rehearse]         the versions of everything a GPU run depends on, as JSON
-nccl-probe BACKEND            init on BACKEND, one all_reduce, checked (run under mpiexec)
+nccl-probe BACKEND            init on BACKEND, one out-of-place all_reduce (an NCCL kernel),
+                              checked, and NCCL's init/destroy timed (run under mpiexec)
 gpt-losses A B LAUNCH...      examples/gpt_3d.py on backends A and B: the same float64 losses
+gpt-meshes A B LAUNCH...      gpt-losses with --tp 2, --pp 2 and --dp 2 in turn
+precision BACKEND PY LAUNCH   the mixed-precision SPMD modules, and a GPT checkpoint saved and
+                              resumed on BACKEND: the losses of a run that never stopped
+latency OUT LAUNCH...         a benchmark command run synchronous, then with --async: one JSON
 collect WORK OUT              results.json from the versions, the steps and the benchmarks' JSON
 check-outdir OUTDIR           what a lent GPU machine can send back: 8 files, 16 MiB each, ...
 
@@ -117,19 +122,34 @@ def versions(rehearse: bool) -> dict:
     return info
 
 
-def nccl_probe(backend: str) -> None:
-    """One communicator on ``backend``, one all_reduce, its result checked on every rank."""
+def nccl_probe(backend: str, times: int = 10) -> None:
+    """One communicator on ``backend``, one out-of-place all_reduce (in place at one rank NCCL
+    launches no kernel) checked on every rank; then ``init`` and ``close`` timed ``times``
+    times, and NCCL's own communicator creation and destroy."""
+    import statistics
+    import time
+
     import collectives as col
 
     with col.init(backend=backend, timeout=120) as comm:
         xp = comm.xp
         x = xp.arange(1024, dtype=xp.float32) + comm.rank
-        comm.all_reduce(x)
+        out = comm.all_reduce(x, out=xp.empty_like(x))
         want = comm.size * xp.arange(1024, dtype=xp.float32) + sum(range(comm.size))
-        wrong = int((x != want).sum())
+        wrong = int((out != want).sum())
         print(f"rank {comm.rank} of {comm.size} on {comm.backend}: all_reduce, {wrong} wrong")
         if wrong:
             raise SystemExit(f"rank {comm.rank}: {wrong} of 1024 elements wrong")
+    inits = []
+    for _ in range(times):
+        start = time.perf_counter()
+        col.init(backend=backend, timeout=120).close()
+        inits.append(time.perf_counter() - start)
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.rank == 0:
+        print(f"init + close on {backend}, {MPI.COMM_WORLD.size} rank(s), {times} times: "
+              f"median {statistics.median(inits):.3f} s, {min(inits):.3f} to {max(inits):.3f} s")  # fmt: skip
 
 
 def gpt_losses(first: str, second: str, launch: list[str]) -> None:
@@ -159,6 +179,68 @@ def gpt_losses(first: str, second: str, launch: list[str]) -> None:
     print(f"largest relative difference between {first} and {second}: {worst:.2e}")
     if worst > 1e-9:
         raise SystemExit(f"the losses differ by {worst:.2e} relative, more than 1e-9")
+
+
+def gpt_meshes(first: str, second: str, launch: list[str]) -> None:
+    """:func:`gpt_losses` on each 2-rank mesh: tensor, pipeline and data parallel."""
+    for mesh in (["--tp", "2"], ["--pp", "2"], ["--dp", "2"]):
+        gpt_losses(first, second, [*launch, "--", *mesh])
+
+
+def precision(backend: str, python: str, launch: list[str]) -> None:
+    """The mixed-precision SPMD modules on ``backend`` at the launch's ranks, then a GPT
+    checkpoint: 2 steps saved, resumed to 4, against 4 steps that never stopped (float64,
+    exact)."""
+    import tempfile
+
+    ranks = launch[launch.index("-n") + 1]
+    env = {**os.environ, "COLLECTIVES_TEST_BACKEND": backend,
+           "COLLECTIVES_TEST_WORLD_SIZES": ranks, "COLLECTIVES_TEST_SPMD_TIMEOUT": "90"}  # fmt: skip
+    select = "test_mixed_precision or test_gpt_3d_precision"
+    run = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+                          "tests/test_spmd.py", "-k", select], env=env)  # fmt: skip
+    if run.returncode not in (0, 5):
+        raise SystemExit(f"the mixed-precision modules failed (exit {run.returncode})")
+
+    def losses(*flags: str) -> list[float]:
+        argv = [*launch, python, "examples/gpt_3d.py", "--backend", backend, "--tp", ranks,
+                *flags]  # fmt: skip
+        print("$", " ".join(argv), flush=True)
+        done = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+        print(done.stdout, end="", flush=True)
+        if done.returncode != 0:
+            raise SystemExit(f"gpt_3d.py {' '.join(flags)} exited {done.returncode}")
+        return [
+            float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("step ")
+        ]
+
+    with tempfile.TemporaryDirectory() as folder:
+        whole = losses("--steps", "4")
+        losses("--steps", "2", "--save", folder, "--save-every", "2")
+        resumed = losses("--steps", "4", "--resume", folder)
+    if resumed != whole[2:]:
+        raise SystemExit(
+            f"resumed losses {resumed} are not those of the run that never stopped {whole[2:]}"
+        )
+    print(
+        f"checkpoint on {backend}: resumed at step 2, the same losses as a run that never stopped"
+    )
+
+
+def latency(out: str, command: list[str]) -> None:
+    """``command`` (a benchmark writing ``--json``) synchronous, then with ``--async``: both
+    JSONs in ``out`` as {"sync": ..., "async": ...}."""
+    results = {}
+    for form, extra in (("sync", []), ("async", ["--async"])):
+        path = f"{out}.{form}"
+        argv = [*command, *extra, "--json", path]
+        print("$", " ".join(argv), flush=True)
+        if subprocess.run(argv).returncode != 0:
+            raise SystemExit(f"the {form} run failed")
+        results[form] = _load(path)
+        os.remove(path)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
 
 
 def _load(path: str) -> object:
@@ -219,6 +301,12 @@ def main(argv: list[str]) -> None:
         nccl_probe(args[0])
     elif command == "gpt-losses":
         gpt_losses(args[0], args[1], args[2:])
+    elif command == "gpt-meshes":
+        gpt_meshes(args[0], args[1], args[2:])
+    elif command == "precision":
+        precision(args[0], args[1], args[2:])
+    elif command == "latency":
+        latency(args[0], args[1:])
     elif command == "collect":
         collect(args[0], args[1])
     elif command == "check-outdir":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -148,9 +149,38 @@ def xp():
     return array_module()
 
 
+#: ``COLLECTIVES_TEST_REUSE_COMM=1``: in the modules that declare ``SHARED_COMM = True`` (their
+#: tests look at no communicator's history), one communicator over the world serves every test
+#: while it stays usable (the GPU run: NCCL's initialisation is the suite's largest cost there)
+REUSE_COMM = os.environ.get("COLLECTIVES_TEST_REUSE_COMM") == "1"
+_SHARED: dict[str, col.Communicator] = {}
+
+
+def _reusable(c: col.Communicator | None) -> bool:
+    """Whether every rank can go on with ``c`` (decided together: a rank that made a new
+    communicator while another reused its old one would hang both)."""
+    usable = c is not None and c.owner is threading.current_thread()
+    if usable:
+        try:
+            c.ensure_usable("reuse")
+        except col.CollectivesError:
+            usable = False
+    return bool(_SYNC.allreduce(usable, op=MPI.LAND))
+
+
 @pytest.fixture
-def comm(backend):
-    """A fresh communicator over the whole world, closed after the test."""
+def comm(backend, request):
+    """A fresh communicator over the whole world, closed after the test (with
+    ``COLLECTIVES_TEST_REUSE_COMM=1``, in a module that allows it: the shared one while it
+    stays usable)."""
+    if REUSE_COMM and getattr(request.module, "SHARED_COMM", False):
+        shared = _SHARED.get(backend)
+        if not _reusable(shared):
+            if shared is not None:
+                shared.abort()
+            shared = _SHARED[backend] = col.init(backend=backend, timeout=COMM_TIMEOUT)
+        yield shared
+        return
     c = col.init(backend=backend, timeout=COMM_TIMEOUT)
     yield c
     c.close()
@@ -180,6 +210,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    for shared in _SHARED.values():
+        shared.close()
     folder = os.environ.get("SPMD_REPORT_DIR")
     if folder:
         path = os.path.join(folder, f"rank{WORLD.rank}.json")

@@ -9,6 +9,8 @@ import pytest
 
 import collectives as col
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 WORLD_SIZES = (2,)

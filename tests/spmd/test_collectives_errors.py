@@ -19,6 +19,8 @@ import pytest
 import collectives as col
 from tests.short_timeout import init_with_short_timeout, warm_up_counts
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2)
 SPMD_TIMEOUT = 240
 

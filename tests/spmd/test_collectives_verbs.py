@@ -20,6 +20,8 @@ import numpy as np
 
 import collectives as col
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 3, 4)
 SPMD_TIMEOUT = 300
 

@@ -12,6 +12,8 @@ import pytest
 
 from ddp import DistributedDataParallel
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 3)
 SPMD_TIMEOUT = 240
 

@@ -10,6 +10,8 @@ import pytest
 
 from ddp import DistributedDataParallel, hooks
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 SPMD_TIMEOUT = 240
 

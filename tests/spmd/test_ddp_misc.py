@@ -9,6 +9,8 @@ import pytest
 from collectives import CollectiveMismatchError, InvalidArgumentError
 from ddp import DistributedDataParallel, LoadBalancer, LocalSGD, clip_grad_norm
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 3)
 SPMD_TIMEOUT = 240
 

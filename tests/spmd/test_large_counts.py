@@ -10,6 +10,8 @@ import pytest
 
 import collectives as col
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (2, 3)
 SPMD_TIMEOUT = 120
 

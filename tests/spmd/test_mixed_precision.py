@@ -18,6 +18,8 @@ from ddp import (
     hooks,
 )
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 SHAPES = {"w": (7, 5), "b": (3,)}  # 38 elements: padded at 4 ranks
 
 

@@ -12,6 +12,8 @@ import pipeline
 from pipeline import schedules
 from pipeline.mlp import Chain, Dense, init_weights, mse
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (2, 4)
 SPMD_TIMEOUT = 120
 WIDTH, ROWS = 5, 3

@@ -8,6 +8,8 @@ import pytest
 from collectives import InvalidArgumentError
 from ddp.sharded import ShardedArray
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 
 

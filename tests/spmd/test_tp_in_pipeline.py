@@ -17,6 +17,8 @@ from ddp.tensor_parallel import (
 )
 from pipeline import schedules
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 SPMD_TIMEOUT = 120
 WIDTH, ROWS = 4, 3

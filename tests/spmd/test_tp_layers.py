@@ -8,6 +8,8 @@ import pytest
 from collectives import InvalidArgumentError
 from ddp.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 IN, OUT = 5, 3
 

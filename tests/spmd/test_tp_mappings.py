@@ -18,6 +18,8 @@ from ddp.tensor_parallel import (
     scatter_to_sequence,
 )
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 
 # The axis each mapping splits (None: it splits nothing).

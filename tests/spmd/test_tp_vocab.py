@@ -12,6 +12,8 @@ from ddp.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 DIM = 3
 

@@ -9,6 +9,8 @@ from collectives import InvalidArgumentError
 from ddp.optim import SGD, AdamW
 from ddp.zero import ZeroOptimizer
 
+SHARED_COMM = True  # COLLECTIVES_TEST_REUSE_COMM=1 may give every test one communicator
+
 WORLD_SIZES = (1, 2, 4)
 SHAPES = {"w": (5, 3), "b": (3,), "v": (7,)}  # 25 numbers: padded at 2 and 4 ranks
 NUMEL = 25
