@@ -215,7 +215,7 @@ class Communicator(Grouping):
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
         given = x, out
         x, name = unwrap(x, "reduce")
-        self._root("reduce", root)
+        root = self._root("reduce", root)
         op = self._op("reduce", op, name)
         if self.rank != root:
             if out is not None:
@@ -240,7 +240,7 @@ class Communicator(Grouping):
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         given = x
         x, name = unwrap(x, "broadcast")
-        self._root("broadcast", root)
+        root = self._root("broadcast", root)
         out = x if self.rank != root else None  # the root's x is only read
         result = as_given(x, name, given)
         impl = self._impl
@@ -312,7 +312,7 @@ class Communicator(Grouping):
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
         given = x, out
         x, name = unwrap(x, "gather")
-        self._root("gather", root)
+        root = self._root("gather", root)
         if self.rank != root:
             verb = self._impl.gather
             return self._run(
@@ -335,7 +335,7 @@ class Communicator(Grouping):
     ) -> Any:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
-        self._root("scatter", root)
+        root = self._root("scatter", root)
         given = x, out
         if x is not None:
             x, name = unwrap(x, "scatter")
@@ -365,7 +365,7 @@ class Communicator(Grouping):
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
         x, name = unwrap(x, "send")
-        self._peer("send", peer)
+        peer = self._peer("send", peer)
         impl = self._impl
         return self._run(
             "send",
@@ -377,7 +377,7 @@ class Communicator(Grouping):
         """Receive into ``x`` from ``peer``."""
         given = x
         x, name = unwrap(x, "recv")
-        self._peer("recv", peer)
+        peer = self._peer("recv", peer)
         result = as_given(x, name, given)
         impl = self._impl
         return self._run(
@@ -403,7 +403,9 @@ class Communicator(Grouping):
         given = x, out
         x, name = unwrap(x, "sendrecv")
         source = peer if source is None else source
-        check_sendrecv_peers(peer, source, self.rank, self.size, self._group is not None)
+        peer, source = check_sendrecv_peers(
+            peer, source, self.rank, self.size, self._group is not None
+        )
         out = self._new(x, x.shape) if out is None else self._out("sendrecv", out, x, name, x.shape)
         if out is x:
             raise InvalidArgumentError("sendrecv: out is x; it needs two arrays (or out=None)")
@@ -432,7 +434,7 @@ class Communicator(Grouping):
         """
         self.ensure_usable("split")
         self._own("split")
-        check_split(color, key)
+        color, key = check_split(color, key)
         key = self.rank if key is None else key
         self.arrive("split")
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
@@ -527,11 +529,11 @@ class Communicator(Grouping):
     _new = staticmethod(new_like)
     _out = staticmethod(checked_out)
 
-    def _root(self, call: str, root: Any) -> None:
-        check_root(call, root, self.size)
+    def _root(self, call: str, root: Any) -> int:
+        return check_root(call, root, self.size)
 
-    def _peer(self, call: str, peer: Any) -> None:
-        check_peer(call, peer, self.rank, self.size, self._group is not None)
+    def _peer(self, call: str, peer: Any) -> int:
+        return check_peer(call, peer, self.rank, self.size, self._group is not None)
 
     def _leading(self, call: str, x: Any) -> None:
         check_leading(call, x, self.size)
