@@ -19,7 +19,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _direct, _timeline
+from . import _direct, _fork, _timeline
 from ._args import (
     check_leading,
     check_peer,
@@ -137,6 +137,7 @@ class Communicator(Grouping):
         # on the instance (_callbooks_front.c) that takes the method's arguments, runs the
         # direct path, and calls the method (the general path) where that does not apply; the
         # communicator drops them once closed or dead (_stop_direct_path).
+        _fork.watch(self)  # unusable in a forked child; told of at a rank's exit
         self._direct: CallBooks | None = None
         books.mpi_error = self._mpi_error
         books.front = self  # a direct-path Work's wait past its poll is this front end's
