@@ -15,6 +15,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from . import _fork
 from ._stderr import let_the_launcher_read_stderr as _let_the_launcher_read_stderr
 
 
@@ -34,6 +35,9 @@ def abort_on_exception(exit_code: int = 1) -> None:
         return
 
     def hook(kind: Any, value: Any, tb: Any) -> None:
+        if _fork.forked():  # a forked child is no MPI process: its end is its own
+            previous(kind, value, tb)
+            return
         rank = MPI.COMM_WORLD.Get_rank()
         if issubclass(kind, KeyboardInterrupt):
             previous(kind, value, tb)  # the usual one-line report, printed once

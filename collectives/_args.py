@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -32,35 +33,58 @@ def checked_op(call: str, op: Any, name: str) -> ReduceOp:
     return op
 
 
-def check_root(call: str, root: Any, size: int) -> None:
-    if type(root) is not int or not 0 <= root < size:
+def integer(value: Any) -> int | None:
+    """``value`` as an int where it is an integer (a NumPy one too; not a bool), else None."""
+    if type(value) is int:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def check_root(call: str, root: Any, size: int) -> int:
+    """``root`` as an int in ``[0, size)``."""
+    r = integer(root)
+    if r is None or not 0 <= r < size:
         raise InvalidArgumentError(f"{call}: root must be an int in [0, {size}), got {root!r}")
+    return r
 
 
-def check_peer(call: str, peer: Any, rank: int, size: int, grouped: bool) -> None:
-    """A peer of point-to-point calls; this rank only inside ``comm.group()`` (``grouped``)."""
-    if type(peer) is not int or not 0 <= peer < size:
-        raise InvalidArgumentError(f"{call}: peer must be an int in [0, {size}), got {peer!r}")
+def check_peer(call: str, peer: Any, rank: int, size: int, grouped: bool) -> int:
+    """A peer of point-to-point calls, as an int; this rank only inside ``comm.group()``
+    (``grouped``)."""
+    given, peer = peer, integer(peer)
+    if peer is None or not 0 <= peer < size:
+        raise InvalidArgumentError(f"{call}: peer must be an int in [0, {size}), got {given!r}")
     if peer == rank and not grouped:
         raise InvalidArgumentError(
             f"{call}: peer {peer} is this rank: a {call} to itself outside "
             "comm.group() can never complete"
         )
+    return peer
 
 
-def check_sendrecv_peers(peer: Any, source: Any, rank: int, size: int, grouped: bool) -> None:
-    """A sendrecv's destination and source: to this rank only from it, or inside a group."""
+def check_sendrecv_peers(
+    peer: Any, source: Any, rank: int, size: int, grouped: bool
+) -> tuple[int, int]:
+    """A sendrecv's destination and source, as ints: to this rank only from it, or inside a
+    group."""
+    ranks = []
     for what, value in (("peer", peer), ("source", source)):
-        if type(value) is not int or not 0 <= value < size:
+        r = integer(value)
+        if r is None or not 0 <= r < size:
             raise InvalidArgumentError(
                 f"sendrecv: {what} must be an int in [0, {size}), got {value!r}"
             )
+        ranks.append(r)
+    peer, source = ranks
     if (peer == rank) != (source == rank) and not grouped:
         raise InvalidArgumentError(
             f"sendrecv: peer {peer} and source {source}, one of them this rank: outside "
             "comm.group() a rank's message to itself is only received by its sendrecv from "
             "itself (peer and source both this rank)"
         )
+    return peer, source
 
 
 def check_leading(call: str, x: Any, size: int) -> None:
@@ -111,15 +135,18 @@ def check_writeable(call: str, x: Any, out: Any) -> None:
         )
 
 
-def check_split(color: Any, key: Any) -> None:
-    """``split``'s color (a non-negative int below 2**31, or None) and key (a C int, or None)."""
-    if color is not None and (type(color) is not int or color < 0):
+def check_split(color: Any, key: Any) -> tuple[int | None, int | None]:
+    """``split``'s color (a non-negative integer below 2**31, or None) and key (a C int, or
+    None), as ints."""
+    c, k = integer(color), integer(key)
+    if color is not None and (c is None or c < 0):
         raise InvalidArgumentError(
             f"split: color must be a non-negative int or None, got {color!r}"
         )
-    if key is not None and (type(key) is not int or not -(2**31) <= key < 2**31):
+    if key is not None and (k is None or not -(2**31) <= k < 2**31):
         raise InvalidArgumentError(
             f"split: key must be an int in [-2**31, 2**31) or None, got {key!r}"
         )
-    if color is not None and color >= 2**31:
+    if c is not None and c >= 2**31:
         raise InvalidArgumentError(f"split: color must be below 2**31, got {color!r}")
+    return c, k

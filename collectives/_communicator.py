@@ -19,7 +19,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _direct, _timeline
+from . import _direct, _fork, _timeline
 from ._args import (
     check_leading,
     check_peer,
@@ -137,6 +137,7 @@ class Communicator(Grouping):
         # on the instance (_callbooks_front.c) that takes the method's arguments, runs the
         # direct path, and calls the method (the general path) where that does not apply; the
         # communicator drops them once closed or dead (_stop_direct_path).
+        _fork.watch(self)  # unusable in a forked child; told of at a rank's exit
         self._direct: CallBooks | None = None
         books.mpi_error = self._mpi_error
         books.front = self  # a direct-path Work's wait past its poll is this front end's
@@ -215,7 +216,7 @@ class Communicator(Grouping):
         """Reduce ``x`` over all ranks into ``out`` (default ``x``) on ``root`` only."""
         given = x, out
         x, name = unwrap(x, "reduce")
-        self._root("reduce", root)
+        root = self._root("reduce", root)
         op = self._op("reduce", op, name)
         if self.rank != root:
             if out is not None:
@@ -240,7 +241,7 @@ class Communicator(Grouping):
         """Make ``x`` on every rank equal to ``x`` on ``root`` (in place)."""
         given = x
         x, name = unwrap(x, "broadcast")
-        self._root("broadcast", root)
+        root = self._root("broadcast", root)
         out = x if self.rank != root else None  # the root's x is only read
         result = as_given(x, name, given)
         impl = self._impl
@@ -312,7 +313,7 @@ class Communicator(Grouping):
         """On ``root``, ``out[r]`` is rank r's ``x`` (shape ``(size, *x.shape)``); None elsewhere."""
         given = x, out
         x, name = unwrap(x, "gather")
-        self._root("gather", root)
+        root = self._root("gather", root)
         if self.rank != root:
             verb = self._impl.gather
             return self._run(
@@ -335,7 +336,7 @@ class Communicator(Grouping):
     ) -> Any:
         """``out`` on rank r is ``x[r]`` of ``root``. Ranks other than root pass ``out``, or an
         ``x`` of root's shape (only its shape and dtype are used)."""
-        self._root("scatter", root)
+        root = self._root("scatter", root)
         given = x, out
         if x is not None:
             x, name = unwrap(x, "scatter")
@@ -365,7 +366,7 @@ class Communicator(Grouping):
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
         x, name = unwrap(x, "send")
-        self._peer("send", peer)
+        peer = self._peer("send", peer)
         impl = self._impl
         return self._run(
             "send",
@@ -377,7 +378,7 @@ class Communicator(Grouping):
         """Receive into ``x`` from ``peer``."""
         given = x
         x, name = unwrap(x, "recv")
-        self._peer("recv", peer)
+        peer = self._peer("recv", peer)
         result = as_given(x, name, given)
         impl = self._impl
         return self._run(
@@ -403,7 +404,9 @@ class Communicator(Grouping):
         given = x, out
         x, name = unwrap(x, "sendrecv")
         source = peer if source is None else source
-        check_sendrecv_peers(peer, source, self.rank, self.size, self._group is not None)
+        peer, source = check_sendrecv_peers(
+            peer, source, self.rank, self.size, self._group is not None
+        )
         out = self._new(x, x.shape) if out is None else self._out("sendrecv", out, x, name, x.shape)
         if out is x:
             raise InvalidArgumentError("sendrecv: out is x; it needs two arrays (or out=None)")
@@ -432,7 +435,7 @@ class Communicator(Grouping):
         """
         self.ensure_usable("split")
         self._own("split")
-        check_split(color, key)
+        color, key = check_split(color, key)
         key = self.rank if key is None else key
         self.arrive("split")
         child = self.mpi_comm.Split(MPI.UNDEFINED if color is None else color, key)
@@ -527,11 +530,11 @@ class Communicator(Grouping):
     _new = staticmethod(new_like)
     _out = staticmethod(checked_out)
 
-    def _root(self, call: str, root: Any) -> None:
-        check_root(call, root, self.size)
+    def _root(self, call: str, root: Any) -> int:
+        return check_root(call, root, self.size)
 
-    def _peer(self, call: str, peer: Any) -> None:
-        check_peer(call, peer, self.rank, self.size, self._group is not None)
+    def _peer(self, call: str, peer: Any) -> int:
+        return check_peer(call, peer, self.rank, self.size, self._group is not None)
 
     def _leading(self, call: str, x: Any) -> None:
         check_leading(call, x, self.size)

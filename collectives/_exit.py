@@ -16,6 +16,15 @@ handler, which runs before mpi4py's ``MPI_Finalize``):
   a failed communicator waits there at most that communicator's timeout, then prints why and
   aborts the job with exit code 1; a rank with none waits as ``MPI_Finalize`` would have.
   When every rank arrives, the job ends as usual: the program handled its failure.
+- a rank that leaves normally (``sys.exit(0)``, or the end of the program) while others have
+  not reached the exit within :data:`EXIT_GRACE` tells every rank of its open communicators
+  that it left (a failure notice, :mod:`._guard`): a rank waiting in a collective it will
+  never make raises ``CommunicatorStateError`` naming the exit (and, uncaught, ends the job).
+  A rank of the node inside a blocking MPI call past this rank's last collective cannot see
+  that notice: then this rank aborts the job (exit code 1), naming its exit and that call.
+  Ranks busy elsewhere are waited for, as ``MPI_Finalize`` would.
+
+Nothing of this runs in a child forked from a rank (:mod:`._fork`): it is no MPI process.
 
 On when ``COLLECTIVES_ABORT_ON_EXCEPTION`` is (see :mod:`._abort`). ``raise SystemExit(n)``
 written out is not seen (only ``sys.exit``): Python gives no hook for it.
@@ -30,6 +39,8 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
+from . import _fork
+from ._fork import exit_code
 from ._stderr import let_the_launcher_read_stderr
 
 FAILED_EXIT_CODE = 1
@@ -85,22 +96,8 @@ def failed(error: BaseException, timeout: float) -> None:
     _STATE.failure_timeout = max(_STATE.failure_timeout, timeout)
 
 
-def exit_code(status: Any) -> int:
-    """The process exit code Python gives ``sys.exit(status)``.
-
-    Example:
-        >>> exit_code(None), exit_code(3), exit_code("bad input")
-        (0, 3, 1)
-    """
-    if status is None:
-        return 0
-    if isinstance(status, int):
-        return status & 0xFF if status >= 0 else 1
-    return 1
-
-
 def _at_exit() -> None:
-    if not MPI.Is_initialized() or MPI.Is_finalized():
+    if _fork.forked() or not MPI.Is_initialized() or MPI.Is_finalized():
         return
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -120,16 +117,41 @@ def _at_exit() -> None:
     failure, limit = _STATE.failure, _STATE.failure_timeout
     request = comm.Ibarrier()
     start = time.monotonic()
+    told = looked = 0.0
+    how = (
+        "the end of the program" if _STATE.exit_code is None else f"sys.exit({_STATE.exit_code!r})"
+    )
     while not request.Test():
-        if failure is not None and time.monotonic() - start > limit:
+        now = time.monotonic()
+        if failure is not None and now - start > limit:
             _abort(
                 f"[rank {rank}] leaving with a failed communicator ({failure}); not every rank "
                 f"reached the exit within {limit:g} s, and MPI_Finalize would wait for them "
                 f"forever: aborting the job with exit code {FAILED_EXIT_CODE}\n",
                 FAILED_EXIT_CODE,
             )
+        if not told and now - start > EXIT_GRACE:
+            told = now
+            for live in _fork.live():
+                live.leaving(how)
+        if told and now - looked > 0.05:
+            looked = now
+            _abort_if_stuck(rank, how)
         time.sleep(1e-3)
     _free_world(comm)
+
+
+def _abort_if_stuck(rank: int, how: str) -> None:
+    """Abort the job where a rank of the node is inside a blocking call that this rank, which
+    left, never made (it can neither complete nor see the notice)."""
+    for live in _fork.live():
+        stuck = live.stuck_past()
+        if stuck is not None:
+            _abort(
+                f"[rank {rank}] left the program ({how}) while {stuck}, a collective this "
+                f"rank never made: aborting the job with exit code {FAILED_EXIT_CODE}\n",
+                FAILED_EXIT_CODE,
+            )
 
 
 def _every_rank_leaves(comm: MPI.Comm, limit: float) -> bool:

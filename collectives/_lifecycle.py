@@ -157,6 +157,37 @@ class Lifecycle:
     def closed(self) -> bool:
         return self._unusable is not None
 
+    def forked(self, parent: int) -> None:
+        """In a child forked from process ``parent`` (:mod:`._fork`): unusable from now on,
+        and closing it does nothing; no MPI call is made (MPI is the parent's)."""
+        self._unusable = _Closed(
+            f"communicator belongs to process {parent}, and this process ({os.getpid()}) is "
+            "a child forked from it: MPI cannot be used in a forked child"
+        )
+        self._stop_direct_path()
+
+    def leaving(self, how: str) -> None:
+        """At exit, while other ranks have not all reached it (:mod:`._exit`): tell them that
+        this rank left; their waits on this communicator then raise
+        ``CommunicatorStateError`` naming it. Local: one small message to each rank."""
+        guard = self._books.checker
+        if self._unusable is not None or guard is None:
+            return
+        nth = self._books.seq - self._books.p2p
+        guard.announce(
+            f"rank {self.rank} (world rank {self._world_ranks[self.rank]}) left the program "
+            f"({how}) after collective #{nth} of this communicator: no later collective on it "
+            "can complete"
+        )
+
+    def stuck_past(self) -> str | None:
+        """A rank of this node inside a blocking call for a collective that this rank, which
+        is leaving, never made: it can neither complete nor see a notice (:mod:`._exit`)."""
+        board = self._progress
+        if self._unusable is not None or board is None:
+            return None
+        return board.inside_after(self._books.seq - self._books.p2p)
+
     def mpi_comm_world_ranks(self) -> list[int]:
         """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order.
         Computed at creation: a watchdog thread reads it, and MPI may be called from

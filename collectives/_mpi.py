@@ -18,7 +18,7 @@ from typing import Any, Callable, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _callbooks, _direct, _mpi_parts
+from . import _callbooks, _direct, _fork, _mpi_parts
 from ._arrays import array_module, is_device_array, is_slot
 from ._backend import BackendContext, Verb
 from ._books import CallBooks, Entry
@@ -469,5 +469,7 @@ _KEEPING: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
 
 @atexit.register
 def _let_go_all_kept() -> None:
+    if _fork.forked():  # the requests are the parent's
+        return
     for backend in list(_KEEPING):
         backend.let_go_kept()

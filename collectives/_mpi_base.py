@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from . import _minmax
 from ._dtypes import COMPLEX, NAME_OF_CHAR
 from ._ops import BY_NAME, ReduceOp
 from ._work import Pending
@@ -71,12 +72,14 @@ MPI_TYPE = {
 UPCAST = frozenset({"bfloat16"} if _HAS_FLOAT16 else {"bfloat16", "float16"})
 
 #: ReduceOp -> MPI op (AVG is a sum divided afterwards); keyed for the verbs' ``op``, which
-#: the front end has checked is a ReduceOp wherever the call reduces
+#: the front end has checked is a ReduceOp wherever the call reduces. Max and min are ours
+#: (:mod:`._minmax`): MPI's keep one operand or the other at a NaN or at +0.0 against -0.0,
+#: which gave ranks different bits
 MPI_OP: dict[ReduceOp | None, MPI.Op] = {
     ReduceOp.SUM: MPI.SUM,
     ReduceOp.PROD: MPI.PROD,
-    ReduceOp.MAX: MPI.MAX,
-    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: _minmax.MAX,
+    ReduceOp.MIN: _minmax.MIN,
     ReduceOp.AVG: MPI.SUM,
 }
 

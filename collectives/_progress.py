@@ -156,6 +156,15 @@ class ProgressBoard:
             return None
         return BLOCKING_CALLS.get(word & 15)
 
+    def inside_after(self, nth: int) -> str | None:
+        """A rank of the node inside a blocking call for a collective after ``nth``, as
+        ``"rank 0 is inside a blocking all_reduce at collective #2"``, or None."""
+        for i, r in enumerate(self.members):
+            call = self._inside(i)
+            if call is not None and self.slots[i] > nth:
+                return f"rank {r} is inside a blocking {call} at collective #{self.slots[i]}"
+        return None
+
     def report(self) -> str:
         slots = self.slots
         mine = slots[self.local_rank]

@@ -43,8 +43,14 @@ def _local_sum_squares(arrays: list[Any]) -> float:
     return total
 
 
+def _nan_max(values: list[float]) -> float:
+    """The largest of ``values`` (0.0 if none), NaN if any is: Python's ``max`` keeps its
+    first operand against a NaN, so a NaN after a number was lost."""
+    return float(np.max(values)) if values else 0.0
+
+
 def _local_max_abs(arrays: list[Any]) -> float:
-    return max((float(array_module(g).abs(g).max()) for g in arrays if g.size), default=0.0)
+    return _nan_max([float(array_module(g).abs(g).max()) for g in arrays if g.size])
 
 
 def clip_grad_norm(
@@ -87,7 +93,7 @@ def clip_grad_norm(
         local = _local_max_abs(sharded)
         if comm is not None:
             local = reduce_scalars(comm, [local], "max")[0]
-        norm = max(local, _local_max_abs(shared))
+        norm = _nan_max([local, _local_max_abs(shared)])
     if math.isfinite(norm) and norm > max_norm:
         # the epsilon keeps the clipped norm just under max_norm, as torch does
         scale = max_norm / (norm + 1e-6)
