@@ -39,6 +39,7 @@ from ._nccl_device import (
 from ._nccl_device import event_done as _event_done  # noqa: F401  (imported from here)
 from ._nccl_device import finished as _finished
 from ._nccl_flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
+from ._nccl_nan import nan_flags, put_nan
 from ._nccl_rules import cuda_error, nccl_error
 from ._ops import ReduceOp
 
@@ -52,12 +53,14 @@ __all__ = [
     "NcclPending",
     "choose_device",
     "create_communicator",
-    "end_group",
     "make_nccl_backend",
     "nccl_unavailable_reason",
     "new_stream",
     "placement",
 ]
+
+#: (datatype, op) of the NaN bytes beside a max or min: uint8, MAX
+_FLAGS = (NCCL_TYPE["uint8"], NCCL_OP[ReduceOp.MAX])
 
 #: ncclCommSplit first shipped in NCCL 2.18 (CuPy raises RuntimeError when built before it).
 SPLIT_VERSION = 21800
@@ -232,7 +235,19 @@ class NcclBackend(WatchedCommunicator):
     def all_reduce(self, x: Any, out: Any, name: str, op: Any) -> NcclPending:
         count, dtype = self._count(x, name)
         code = self._op(op)
-
+        flags = nan_flags(self.cupy, op, name, x, self.device)
+        if flags is not None:
+            return self._launch(
+                "all_reduce",
+                (x, out, flags),
+                lambda s: self._in_one_group(
+                    lambda: self.comm.allReduce(x.data.ptr, out.data.ptr, count, dtype, code, s),
+                    lambda: self.comm.allReduce(
+                        flags.data.ptr, flags.data.ptr, flags.size, *_FLAGS, s
+                    ),
+                ),
+                then=lambda: put_nan(out, flags, name),
+            )
         return self._launch(
             "all_reduce",
             (x, out),
@@ -244,7 +259,21 @@ class NcclBackend(WatchedCommunicator):
         count, dtype = self._count(x, name)
         code = self._op(op)
         target = x if out is None else out
-
+        flags = nan_flags(self.cupy, op, name, x, self.device)
+        if flags is not None:
+            return self._launch(
+                "reduce",
+                (x, target, flags),
+                lambda s: self._in_one_group(
+                    lambda: self.comm.reduce(
+                        x.data.ptr, target.data.ptr, count, dtype, code, root, s
+                    ),
+                    lambda: self.comm.reduce(
+                        flags.data.ptr, flags.data.ptr, flags.size, *_FLAGS, root, s
+                    ),
+                ),
+                then=(lambda: put_nan(target, flags, name)) if self.rank == root else None,
+            )
         return self._launch(
             "reduce",
             (x, target),
@@ -271,7 +300,23 @@ class NcclBackend(WatchedCommunicator):
     def reduce_scatter(self, x: Any, out: Any, name: str, op: Any) -> NcclPending:
         count, dtype = self._count(out, name)
         code = self._op(op)
-
+        flags = nan_flags(self.cupy, op, name, x, self.device)
+        if flags is not None:
+            with self.cupy.cuda.Device(self.device):
+                mine = self.cupy.empty(out.shape, self.cupy.uint8)
+            return self._launch(
+                "reduce_scatter",
+                (x, out, flags, mine),
+                lambda s: self._in_one_group(
+                    lambda: self.comm.reduceScatter(
+                        x.data.ptr, out.data.ptr, count, dtype, code, s
+                    ),
+                    lambda: self.comm.reduceScatter(
+                        flags.data.ptr, mine.data.ptr, mine.size, *_FLAGS, s
+                    ),
+                ),
+                then=lambda: put_nan(out, mine, name),
+            )
         return self._launch(
             "reduce_scatter",
             (x, out),
@@ -362,6 +407,14 @@ class NcclBackend(WatchedCommunicator):
             blocking=True,
         )
 
+    def _in_one_group(self, *calls: Callable[[], None]) -> None:
+        self.nccl.groupStart()
+        try:
+            for call in calls:
+                call()
+        finally:
+            self.nccl.groupEnd()
+
     def _grouped_p2p(
         self, stream: int, sends: list, receives: list, count: int, dtype: int
     ) -> None:
@@ -389,7 +442,7 @@ class NcclBackend(WatchedCommunicator):
 
     def group_end(self, pendings: list) -> None:
         self._own_groups -= 1
-        end_group(self.nccl)
+        groups.end_group(self.nccl)
 
     def _complete_group(self, pendings: list[NcclPending], after: list[Callable[[], None]]) -> None:
         """The outermost groupEnd has launched our held calls: queue what must follow them
@@ -503,38 +556,6 @@ class NcclBackend(WatchedCommunicator):
 
     def direct_path(self, books: CallBooks) -> bool:
         return False  # the direct path is MPI's
-
-
-def end_group(nccl: Any) -> None:
-    """``groupEnd`` for this thread; at the outermost one, complete every communicator's
-    held calls, then order the synchronous callers after them."""
-    state = groups.current()
-    batch = state.leave()
-    owners = batch.owners() if batch is not None else []
-    for b in owners:
-        b._enter(None, strict=False)  # a connect that hangs in groupEnd is timed by each watchdog
-    try:
-        nccl.groupEnd()
-    except Exception as e:
-        error = nccl_error("group", e)
-        for b in owners:
-            b._forget(batch.held.get(b, []) if batch else [], error)
-        raise error from e
-    finally:
-        for b in owners:
-            b._leave(released=len(batch.held.get(b, [])) if batch else 0)
-    if batch is None:
-        return
-    for b in owners:
-        b._complete_group(batch.held.get(b, []), batch.after.get(b, []))
-    failures = []
-    for pending in batch.waits:  # every caller is ordered, whichever backend has failed
-        try:
-            pending.wait(pending.backend.waiter)
-        except CollectivesError as e:
-            failures.append(e)
-    if failures:
-        raise failures[0]
 
 
 def make_nccl_backend(

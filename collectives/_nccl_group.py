@@ -13,6 +13,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ._errors import CollectivesError
+from ._nccl_rules import nccl_error
+
 
 @dataclass
 class Batch:
@@ -81,3 +84,35 @@ def current() -> GroupState:
     if state is None:
         state = _LOCAL.state = GroupState()
     return state
+
+
+def end_group(nccl: Any) -> None:
+    """``groupEnd`` for this thread; at the outermost one, complete every communicator's
+    held calls, then order the synchronous callers after them."""
+    state = current()
+    batch = state.leave()
+    owners = batch.owners() if batch is not None else []
+    for b in owners:
+        b._enter(None, strict=False)  # a connect that hangs in groupEnd is timed by each watchdog
+    try:
+        nccl.groupEnd()
+    except Exception as e:
+        error = nccl_error("group", e)
+        for b in owners:
+            b._forget(batch.held.get(b, []) if batch else [], error)
+        raise error from e
+    finally:
+        for b in owners:
+            b._leave(released=len(batch.held.get(b, [])) if batch else 0)
+    if batch is None:
+        return
+    for b in owners:
+        b._complete_group(batch.held.get(b, []), batch.after.get(b, []))
+    failures = []
+    for pending in batch.waits:  # every caller is ordered, whichever backend has failed
+        try:
+            pending.wait(pending.backend.waiter)
+        except CollectivesError as e:
+            failures.append(e)
+    if failures:
+        raise failures[0]

@@ -561,3 +561,31 @@ def test_a_stuck_call_on_one_communicator_never_holds_up_another(nccl):
         MPI.COMM_WORLD.Barrier()
         stuck.abort()
         other.close()
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("verb", ["all_reduce", "reduce", "reduce_scatter"])
+def test_max_and_min_propagate_nan_on_every_rank_as_numpy(nccl, op, verb):
+    """NCCL's fmaxf/fminf let a number win over a NaN; NumPy and the MPI backend propagate it:
+    every rank gets NumPy's result, whichever rank held the NaN."""
+    import cupy
+    from mpi4py import MPI
+
+    size, rank = nccl.size, nccl.rank
+    ufunc = np.maximum if op == "max" else np.minimum
+    rows = [np.array([1.0, 2.0, -3.0, 4.0] * size, np.float32) + r for r in range(size)]
+    for r, row in enumerate(rows):
+        row[r % 4] = np.nan  # each rank a NaN somewhere else; the last place none
+    expected = ufunc.reduce(np.stack(rows))
+    x = cupy.asarray(rows[rank])
+    if verb == "all_reduce":
+        got = nccl.all_reduce(x, op=op).get()
+    elif verb == "reduce":
+        out = nccl.reduce(x, root=size - 1, op=op)
+        got = out.get() if rank == size - 1 else expected
+    else:
+        got = nccl.reduce_scatter(x.reshape(size, 4), op=op).get()
+        expected = expected.reshape(size, 4)[rank]
+    np.testing.assert_array_equal(got, expected)
+    everyone = MPI.COMM_WORLD.allgather(got.tobytes() if verb == "all_reduce" else b"")
+    assert len(set(everyone)) == 1
