@@ -135,7 +135,7 @@ class Memory:
         self.size = buffer.nbytes
         if self.size:
             _register(self)
-            weakref.finalize(self, _unregister, self.ptr)
+            _on_free(self)
 
 
 def allocate(nbytes: int, device: int | None = None) -> Memory:
@@ -153,8 +153,14 @@ def allocate(nbytes: int, device: int | None = None) -> Memory:
     memory.size = int(nbytes)
     if memory.size:
         _register(memory)
-        weakref.finalize(memory, _unregister, memory.ptr)
+        _on_free(memory)
     return memory
+
+
+def _on_free(memory: Memory) -> None:
+    # Not at interpreter exit: device memory lives as long as the process, and a stream may
+    # still run a launch on it then (CUDA keeps it until the context goes).
+    weakref.finalize(memory, _unregister, memory.ptr).atexit = False
 
 
 _ALLOCATIONS: dict[int, tuple[int, weakref.ref]] = {}
@@ -233,10 +239,15 @@ class Ticket:
             self.done, self.time = True, time.perf_counter()
             _TICKETS.notify_all()
 
-    def wait(self) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until done (or the device faulted, or ``timeout`` seconds passed): whether done."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with _TICKETS:
             while not self.done and not sticky_error(self.device):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
                 _TICKETS.wait(0.05)
+        return self.done
 
 
 class Queue:

@@ -27,6 +27,7 @@ floats by 1/n before summing and divides integers after (NCCL's PreMulSum / SumP
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import secrets
@@ -34,6 +35,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -258,6 +260,7 @@ class _State:
         self.async_error = 0
         self.connected: set[int] = {rank}
         self.kept: list = []  # buffers of requests an abort left behind (MPI may still write)
+        _STATES.add(self)
         if os.environ.get("NCCL_RUNTIME_CONNECT", "1") == "0":
             self.connect(set(range(size)))
 
@@ -277,6 +280,24 @@ class _State:
                 return
             time.sleep(_POLL_S)
         self.connected.update(wanted)
+
+
+_STATES: weakref.WeakSet = weakref.WeakSet()
+#: how long the process's exit waits for the streams to run what is queued on them
+EXIT_DRAIN_S = 10.0
+
+
+@atexit.register  # registered after mpi4py's MPI_Finalize, so it runs before it
+def _at_exit() -> None:
+    """The process ends: let the streams run what was queued (bounded), then stop every
+    communicator's transfers, so that no stream is inside MPI when MPI finalizes."""
+    from ._objects import _ALL_QUEUES
+
+    deadline = time.monotonic() + EXIT_DRAIN_S
+    for queue in list(_ALL_QUEUES):
+        queue.record().wait(max(0.0, deadline - time.monotonic()))
+    for state in list(_STATES):
+        state.aborted = True
 
 
 class _Call:
