@@ -152,6 +152,17 @@ def nccl_probe(backend: str, times: int = 10) -> None:
               f"median {statistics.median(inits):.3f} s, {min(inits):.3f} to {max(inits):.3f} s")  # fmt: skip
 
 
+def gpt_run(argv: list[str]) -> list[float]:
+    """The losses ``examples/gpt_3d.py`` prints when run by ``argv`` (its output into the
+    log: stderr, a traceback, straight; stdout read for the losses)."""
+    print("$", " ".join(argv), flush=True)
+    run = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+    print(run.stdout, end="", flush=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[-6:])} exited {run.returncode}")
+    return [float(line.split()[3]) for line in run.stdout.splitlines() if line.startswith("step ")]
+
+
 def gpt_losses(first: str, second: str, launch: list[str]) -> None:
     """The GPT example's float64 losses on two backends agree within 1e-9 relative (GPU
     reductions round in another order). ``launch``: the mpiexec command and the mesh flags,
@@ -160,17 +171,8 @@ def gpt_losses(first: str, second: str, launch: list[str]) -> None:
     mpiexec, mesh = launch[:split], launch[split + 1 :]
 
     def losses(backend: str) -> list[float]:
-        argv = [*mpiexec, sys.executable, "examples/gpt_3d.py", "--backend", backend,
-                "--steps", "3", *mesh]  # fmt: skip
-        print("$", " ".join(argv), flush=True)
-        # stderr (a traceback) goes straight to the log; stdout is read for the losses
-        run = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
-        print(run.stdout, end="", flush=True)
-        if run.returncode != 0:
-            raise SystemExit(f"gpt_3d.py on {backend} exited {run.returncode}")
-        return [
-            float(line.split()[3]) for line in run.stdout.splitlines() if line.startswith("step ")
-        ]
+        return gpt_run([*mpiexec, sys.executable, "examples/gpt_3d.py", "--backend", backend,
+                        "--steps", "3", *mesh])  # fmt: skip
 
     a, b = losses(first), losses(second)
     if not (len(a) == len(b) == 3):
@@ -203,16 +205,8 @@ def precision(backend: str, python: str, launch: list[str]) -> None:
         raise SystemExit(f"the mixed-precision modules failed (exit {run.returncode})")
 
     def losses(*flags: str) -> list[float]:
-        argv = [*launch, python, "examples/gpt_3d.py", "--backend", backend, "--tp", ranks,
-                *flags]  # fmt: skip
-        print("$", " ".join(argv), flush=True)
-        done = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
-        print(done.stdout, end="", flush=True)
-        if done.returncode != 0:
-            raise SystemExit(f"gpt_3d.py {' '.join(flags)} exited {done.returncode}")
-        return [
-            float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("step ")
-        ]
+        return gpt_run([*launch, python, "examples/gpt_3d.py", "--backend", backend, "--tp",
+                        ranks, *flags])  # fmt: skip
 
     with tempfile.TemporaryDirectory() as folder:
         whole = losses("--steps", "4")
