@@ -15,7 +15,7 @@ communicator only through the :class:`~collectives._backend.BackendContext` it i
 from __future__ import annotations
 
 import threading
-from typing import Any, NoReturn
+from typing import Any
 
 from mpi4py import MPI
 
@@ -220,7 +220,7 @@ class Communicator(Grouping):
         op = self._op("reduce", op, name)
         if self.rank != root:
             if out is not None:
-                self._role_checked(self._out, "reduce", out, x, name, x.shape)
+                self._out("reduce", out, x, name, x.shape)
             result = as_given(x, name, *given)
             verb = self._impl.reduce
             return self._run(
@@ -228,10 +228,7 @@ class Communicator(Grouping):
                 lambda x, out: verb(x, out, name, op, root),
                 x, None, name, op, root, async_op, result,
             )  # fmt: skip
-        if out is not None:
-            out = self._role_checked(self._out, "reduce", out, x, name, x.shape)
-        else:
-            out = x
+        out = x if out is None else self._out("reduce", out, x, name, x.shape)
         result = as_given(out, name, *given)
         verb = self._impl.reduce
         return self._run(
@@ -325,10 +322,7 @@ class Communicator(Grouping):
                 x, None, name, None, root, async_op, None,
             )  # fmt: skip
         shape = (self.size, *x.shape)
-        if out is None:
-            out = self._new(x, shape)
-        else:
-            out = self._role_checked(self._slot_out, "gather", out, x, name, shape)
+        out = self._new(x, shape) if out is None else self._slot_out("gather", out, x, name, shape)
         result = as_given(out, name, *given)
         verb = self._impl.gather
         return self._run(
@@ -344,20 +338,6 @@ class Communicator(Grouping):
         ``x`` of root's shape (only its shape and dtype are used)."""
         root = self._root("scatter", root)
         given = x, out
-        try:  # which arguments a rank passes depends on its role: see _role_checked
-            send, out, name = self._scatter_args(x, root, out)
-        except InvalidArgumentError as e:
-            self._fail_one_sided(e)
-        result = as_given(out, name, *given)
-        impl = self._impl
-        return self._run(
-            "scatter",
-            lambda x, out: impl.scatter(x, out, name, root),
-            send, out, name, None, root, async_op, result,
-        )  # fmt: skip
-
-    def _scatter_args(self, x: Any, root: int, out: Any) -> tuple[Any, Any, str]:
-        """scatter's (send buffer, out, dtype name), checked."""
         if x is not None:
             x, name = unwrap(x, "scatter")
             self._leading("scatter", x)
@@ -374,7 +354,14 @@ class Communicator(Grouping):
             )
         else:
             out, name = unwrap(out, "scatter", "out")
-        return (x if self.rank == root else None), out, name
+        send = x if self.rank == root else None
+        result = as_given(out, name, *given)
+        impl = self._impl
+        return self._run(
+            "scatter",
+            lambda x, out: impl.scatter(x, out, name, root),
+            send, out, name, None, root, async_op, result,
+        )  # fmt: skip
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
@@ -510,14 +497,9 @@ class Communicator(Grouping):
             raise self._unusable_error(call)
         if _get_ident() != self._owner:
             self._own(call)
-        try:
-            if self._check_arrays is not None:
-                self._check_arrays(call, x, out)
-            check_writeable(call, x, out)
-        except InvalidArgumentError as e:
-            if root is not None and call in _ROOTED:
-                self._rooted_arrays_failed(call, x, out, e)
-            raise
+        if self._check_arrays is not None:
+            self._check_arrays(call, x, out)
+        check_writeable(call, x, out)
         books = self._books
         books.take(call)
         try:
@@ -548,34 +530,6 @@ class Communicator(Grouping):
     _new = staticmethod(new_like)
     _out = staticmethod(checked_out)
 
-    def _role_checked(self, check: Any, call: str, *args: Any) -> Any:
-        """``check(call, *args)``, a check of an argument that only ranks of one role (root,
-        or not root) pass or use: where it fails, see :meth:`_fail_one_sided`."""
-        try:
-            return check(call, *args)
-        except InvalidArgumentError as e:
-            self._fail_one_sided(e)
-
-    def _rooted_arrays_failed(
-        self, call: str, x: Any, out: Any, error: InvalidArgumentError
-    ) -> NoReturn:
-        """The backend's and the writeability checks of a rooted call's arrays failed: the
-        array every rank passes alike (x; none for scatter, whose arrays depend on the role)
-        fails locally, by checking it again alone; any other failed by role."""
-        if call != "scatter":
-            if self._check_arrays is not None:
-                self._check_arrays(call, x, None)
-        self._fail_one_sided(error)
-
-    def _fail_one_sided(self, error: InvalidArgumentError) -> NoReturn:
-        """An argument error that depends on this rank's role, so that the other ranks' call
-        goes on: the communicator fails on every rank, as after a timeout (this rank raises
-        ``error``; the others ``CommunicatorStateError`` naming it at their next call or
-        wait). Local only in a world of one, or on another thread (refused alike)."""
-        if self._unusable is None and self.size > 1 and _get_ident() == self._owner:
-            self._die(error)
-        raise error
-
     def _root(self, call: str, root: Any) -> int:
         return check_root(call, root, self.size)
 
@@ -589,9 +543,6 @@ class Communicator(Grouping):
         self, call: str, out: Any, x: Any, name: str, shape: tuple, out_is_part: bool = False
     ) -> Any:
         return checked_slot_out(call, out, x, name, shape, self.rank, out_is_part)
-
-
-_ROOTED = frozenset(("reduce", "broadcast", "gather", "scatter"))
 
 
 def _no_direct_path(request: Any, entry: Entry, args: tuple) -> None:
