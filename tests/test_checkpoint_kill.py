@@ -48,15 +48,20 @@ with col.init(timeout=60) as comm:
 """
 
 
-def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path):
+def _two_rank_job(tmp_path: Path, source: str, directory: Path) -> subprocess.CompletedProcess:
+    """``source`` run as a script on 2 ranks, given ``directory``; its completed process."""
     script = tmp_path / "job.py"
-    script.write_text(JOB)
-    directory = tmp_path / "ckpt"
+    script.write_text(source)
     with mpi_env() as env:
-        done = subprocess.run(
+        return subprocess.run(
             [mpiexec(), "-n", "2", sys.executable, str(script), str(directory)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
+
+
+def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path):
+    directory = tmp_path / "ckpt"
+    done = _two_rank_job(tmp_path, JOB, directory)
     assert done.returncode != 0, done.stdout + done.stderr
     killed_at = int((directory / "killed-at").read_text())
     # rank 1 died with its file begun (in the middle of it, unless the machine stalled the
@@ -189,13 +194,7 @@ with col.init(timeout=60) as comm:
 
 
 def test_a_failed_save_whose_error_aborts_the_job_leaves_no_temporary(tmp_path: Path):
-    script = tmp_path / "job.py"
-    script.write_text(ABORT)
     directory = tmp_path / "ckpt"
-    with mpi_env() as env:
-        done = subprocess.run(
-            [mpiexec(), "-n", "2", sys.executable, str(script), str(directory)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+    done = _two_rank_job(tmp_path, ABORT, directory)
     assert done.returncode != 0 and "No space left on device" in done.stderr, done.stderr
     assert list(directory.iterdir()) == []
