@@ -1,6 +1,5 @@
 """The Python pieces of ``.ci/gpu``: ``python .ci/gpu_tools.py COMMAND ARGS``.
 
-build-ext [REPO]              the project's C extensions built in place where missing
 versions [--rehearse]         the versions of everything a GPU run depends on, as JSON
 nccl-probe BACKEND            init on BACKEND, one out-of-place all_reduce (an NCCL kernel),
                               checked, and NCCL's init/destroy timed (run under mpiexec)
@@ -22,62 +21,12 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
-import sysconfig
 
 #: what a lent GPU machine sends back from its output folder
 MAX_FILES, MAX_FILE_BYTES, MAX_DEPTH = 8, 16 * 2**20, 2
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-def build_ext(repo: str) -> None:
-    """The C extensions of pyproject.toml built in place where their files are missing or
-    older than a C file beside their sources (a lent machine gets the sources, and what was
-    built here for it may predate a change), with the machine's C compiler and this Python's
-    headers: nothing installed, nothing fetched. A required extension that does not build
-    exits 1, unless an older build of it is there (kept, saying so); an optional one is left
-    to its fallback (the mpi4py primitives)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python < 3.11: nothing reads pyproject.toml, nothing built
-        print(f"Python {sys.version.split()[0]} has no tomllib: the C extensions are not built")
-        return
-    with open(os.path.join(repo, "pyproject.toml"), "rb") as f:
-        modules = tomllib.load(f)["tool"]["setuptools"]["ext-modules"]
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    include = sysconfig.get_paths()["include"]
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    for module in modules:
-        name, optional = module["name"], module.get("optional", False)
-        target = os.path.join(repo, *name.split(".")) + suffix
-        sources = [os.path.join(repo, source) for source in module["sources"]]
-        # what a source may include: every C file beside it (_fastmpi_ompi.c is _fastmpi.c)
-        near = {h for source in sources for h in glob.glob(f"{os.path.dirname(source)}/*.[ch]")}
-        newest = max(os.path.getmtime(path) for path in [*sources, *near])
-        built = os.path.exists(target)
-        if built and os.path.getmtime(target) >= newest:
-            print(f"{name}: built already ({target})")
-            continue
-        why = ("no C compiler (cc, gcc or $CC)" if compiler is None
-               else f"no Python.h in {include}" if not os.path.exists(f"{include}/Python.h")
-               else None)  # fmt: skip
-        if why is None:
-            argv = [*compiler.split(), "-shared", "-fPIC", "-O2", "-DNDEBUG", f"-I{include}",
-                    *sources, "-o", target]  # fmt: skip
-            print("$", " ".join(argv), flush=True)
-            run = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            print(run.stdout, end="", flush=True)
-            why = None if run.returncode == 0 else f"{compiler} exited {run.returncode}"
-        if why is None:
-            print(f"{name}: built ({target})")
-        elif built:
-            print(f"{name}: older than its sources, not rebuilt ({why}): kept as it is")
-        elif optional:
-            print(f"{name}: not built ({why}); optional: its fallback runs")
-        else:
-            raise SystemExit(f"{name}: not built: {why}")
 
 
 def versions(rehearse: bool) -> dict:
@@ -287,9 +236,7 @@ def outdir_problems(outdir: str) -> list[str]:
 
 def main(argv: list[str]) -> None:
     command, args = argv[0], argv[1:]
-    if command == "build-ext":
-        build_ext(args[0] if args else os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    elif command == "versions":
+    if command == "versions":
         print(json.dumps(versions("--rehearse" in args), indent=1))
     elif command == "nccl-probe":
         nccl_probe(args[0])

@@ -4,10 +4,8 @@ Where a call goes: each verb is a method of :class:`Communicator` (``_communicat
 which checks its arguments (``_args.py``), keeps the books (``_books.py``) and calls the
 backend's method of the same name, ``MpiBackend`` in ``_mpi.py`` or ``NcclBackend`` in
 ``_nccl.py`` (the interface, and the ``BackendContext`` through which a backend reaches the
-communicator: ``_backend.py``). Every verb on NumPy arrays on MPI, synchronous or not, tries
-``_direct.py`` first (its MPI calls posted and polled from ``_fastmpi.c`` where that builds;
-the MPI backend sets it up). Ownership, closing and failure of a communicator:
-``_lifecycle.py``.
+communicator: ``_backend.py``). That is the one path of every call, on both backends,
+synchronous or not. Ownership, closing and failure of a communicator: ``_lifecycle.py``.
 
 Example:
     >>> import collectives as col

@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import array_module, is_slot, overlap_check, same_kind, unwrap
-from ._direct import distinct_twin
+from ._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
 from ._dtypes import check_op_for_dtype
 from ._errors import InvalidArgumentError
 from ._ops import ReduceOp, parse_op
@@ -102,6 +101,20 @@ def new_like(x: Any, shape: tuple) -> Any:
         return np.empty(shape, x.dtype)
     with x.device:  # on x's GPU, whichever is current
         return xp.empty(shape, x.dtype)
+
+
+def distinct_twin(out: Any, x: Any) -> bool:
+    """True when ``out`` is a writeable NumPy array of ``x``'s dtype and shape, apart from it:
+    the common case, accepted without the general checks."""
+    return (
+        type(out) is np.ndarray
+        and out.dtype is x.dtype
+        and out.shape == x.shape
+        and (flags := out.flags).c_contiguous
+        and flags.writeable
+        # two arrays that each own their memory are apart; otherwise compare extents
+        and ((out.base is None and x.base is None) or not may_share_memory(x, out))
+    )
 
 
 def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:

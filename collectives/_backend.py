@@ -57,8 +57,8 @@ class BackendContext:
 
     Attributes:
         waiter: what the backend passes to its pendings' waits (the front end's rules).
-        seq: ``seq()``, how many calls the front end has numbered (the current call's number
-            while it is issued).
+        books: the front end's books (:mod:`._books`): ``seq()`` and ``current()`` read them,
+            ``inside(code)`` posts a blocking call on the progress board.
         fail: ``fail(error)``: the backend raised ``error``, which ends the communicator where
             it is a timeout or the backend's ``failure`` (the front end then declares it dead).
         mpi_error: ``mpi_error(call, error)`` raises an ``MPI.Exception`` as the front end's
@@ -67,25 +67,25 @@ class BackendContext:
             asked (``COLLECTIVES_FLIGHT_RECORDER``), before a backend ends the job.
 
     Example:
-        >>> context = BackendContext(comm, lambda: books.seq, comm._fatal, comm._mpi_error,
+        >>> context = BackendContext(comm, comm._books, comm._fatal, comm._mpi_error,
         ...                          comm._dump_flight_record)
         >>> backend.attach(context)
         >>> context.wait(pending)            # pending.wait under the communicator's rules
     """
 
     # __weakref__: the watchdog of blocking calls holds contexts weakly
-    __slots__ = ("waiter", "seq", "fail", "mpi_error", "dump_flight_record", "__weakref__")
+    __slots__ = ("waiter", "books", "fail", "mpi_error", "dump_flight_record", "__weakref__")
 
     def __init__(
         self,
         waiter: Waiter,
-        seq: Callable[[], int],
+        books: CallBooks,
         fail: Callable[[CollectivesError], None],
         mpi_error: Callable[[str, Any], NoReturn],
         dump_flight_record: Callable[[], None],
     ):
         self.waiter = waiter
-        self.seq = seq
+        self.books = books
         self.fail = fail
         self.mpi_error = mpi_error
         self.dump_flight_record = dump_flight_record
@@ -93,6 +93,20 @@ class BackendContext:
     @property
     def timeout(self) -> float:
         return self.waiter.timeout
+
+    def seq(self) -> int:
+        """How many calls the front end has numbered (the current call's number while it is
+        issued)."""
+        return self.books.seq
+
+    def current(self) -> tuple:
+        """``(seq, call, shape, dtype)`` of the call being issued (or issued last)."""
+        return self.books.current
+
+    def inside(self, code: int) -> None:
+        """Post on the progress board that this rank is inside the blocking MPI call ``code``
+        (``_progress.BLOCKING_CALLS``) of its current collective; 0: it has returned."""
+        self.books.inside(code)
 
     @property
     def recorder(self) -> Any:
@@ -157,16 +171,17 @@ class Backend(Protocol):
     #: whether :meth:`check_arrays` checks anything (the front end skips it otherwise)
     checks_arrays: bool
 
+    @property
+    def call_form(self) -> str:
+        """Which calls the backend makes, in a few words (``comm.call_path``)."""
+        ...
+
     def attach(self, context: BackendContext) -> None:
         """Take the front end's context; before the first call."""
         ...
 
     def check_arrays(self, call: str, x: Any, out: Any) -> None:
         """Raise ``InvalidArgumentError`` for arrays this backend cannot take."""
-        ...
-
-    def direct_path(self, books: CallBooks) -> bool:
-        """Set ``books`` up for the direct path (:mod:`._direct`); False: it has none."""
         ...
 
     @property

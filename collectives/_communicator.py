@@ -3,13 +3,12 @@
 The verbs are thin: each checks its arguments locally (:mod:`._args`, so bad input fails
 before any communication), then ``_run`` keeps the books (:mod:`._books`) and runs the
 backend's verb of the same name, bound to what it takes but its arrays (``verb(x, out)``,
-which the MPI backend's stager may run on host copies). On a backend with a direct path
-(MPI's: it sets it up, :meth:`Backend.direct_path`) each verb of the instance is a C callable
-(``_callbooks.DirectVerb``) that runs a call on NumPy arrays, synchronous or not, on that
-path (:mod:`._direct`), which keeps the same books in less, and calls the method below for
-any other. Ownership, closing and failure are in :mod:`._lifecycle`, groups and the waits of
-held calls in :mod:`._grouping`; the backend reaches the
-communicator only through the :class:`~collectives._backend.BackendContext` it is given.
+which the MPI backend's stager may run on host copies). That is the one path of every call,
+on every backend, synchronous or not: which MPI or NCCL call a rank makes never depends on
+the Python type of the arrays it passes. Ownership, closing and failure are in
+:mod:`._lifecycle`, groups and the waits of held calls in :mod:`._grouping`; the backend
+reaches the communicator only through the :class:`~collectives._backend.BackendContext` it
+is given.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _direct, _fork, _timeline
+from . import _fork, _timeline
 from ._args import (
     check_leading,
     check_peer,
@@ -34,8 +33,7 @@ from ._args import (
 )
 from ._arrays import as_given, unwrap
 from ._backend import Backend, BackendContext, Stager, Verb
-from ._books import CallBooks, Entry
-from ._callbooks import DirectVerb
+from ._books import CallBooks
 from ._dtypes import COMPLEX
 from ._errors import (
     CollectivesError,
@@ -84,23 +82,17 @@ class Communicator(Grouping):
         self.local_size: int = len(self._progress.members)
         # A waiting rank polls like MPI's own wait. When it shares its core with another rank
         # (_progress.shares_a_core), the rank it waits for may need this core: then yield it
-        # (every YIELD_EVERY tests) from the first test, not after 10 ms of polling (a
-        # synchronous 1 KiB all_reduce on 4 ranks over 2 cores: 1.04x-1.25x raw mpi4py's time,
-        # against 3.8x-4.0x yielding after 100 us and 1.5x-1.7x after 20 us).
-        yield_after = 0.0 if self._progress.shares_a_core else 1e-2
+        # (every YIELD_EVERY tests) from the first test, not after 10 ms of polling.
+        #: seconds a waiting rank polls before it yields its core between polls
+        self.yield_after = 0.0 if self._progress.shares_a_core else 1e-2
         board = self._progress
         self._books = books = CallBooks(  # this rank's number and inside words, by index
             board.words,
             board.first_word(self.local_rank),
-            RECORDER_LENGTH,
-            yield_after,
-            _no_direct_path,
-            self.rank,
-            self.size,
             board.words[INSIDE:],
+            RECORDER_LENGTH,
         )
         self.recorder = books.recorder
-        books.owner = threading.get_ident()
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
@@ -117,7 +109,7 @@ class Communicator(Grouping):
         self._stager: Stager | None = impl.stager
         self._check_arrays = impl.check_arrays if impl.checks_arrays else None
         self._context = BackendContext(
-            self, lambda: books.seq, self._fatal, self._mpi_error, self._dump_flight_record
+            self, books, self._fatal, self._mpi_error, self._dump_flight_record
         )
         impl.attach(self._context)
         self._track = 0
@@ -132,25 +124,7 @@ class Communicator(Grouping):
                 self, self._check_mode, books, self.check_peers, self._fatal, self._progress
             )
             books.quiet = self.timeout / 2
-        # The books again where the direct path (_direct) applies: the backend has one (MPI's),
-        # and there is no timeline to draw. Then each verb of this communicator is a C callable
-        # on the instance (_callbooks_front.c) that takes the method's arguments, runs the
-        # direct path, and calls the method (the general path) where that does not apply; the
-        # communicator drops them once closed or dead (_stop_direct_path).
         _fork.watch(self)  # unusable in a forked child; told of at a rank's exit
-        self._direct: CallBooks | None = None
-        books.mpi_error = self._mpi_error
-        books.front = self  # a direct-path Work's wait past its poll is this front end's
-        if not self._track and impl.direct_path(books):
-            self._direct = books
-            self._direct_verbs = _direct.KINDS
-            for name in _direct.KINDS:
-                self.__dict__[name] = DirectVerb(books, name, getattr(Communicator, name))
-
-    @property
-    def yield_after(self) -> float:
-        """Seconds a waiting rank polls before it yields its core between polls."""
-        return self._books.yield_after
 
     def __repr__(self) -> str:
         return (
@@ -160,27 +134,14 @@ class Communicator(Grouping):
 
     @property
     def call_path(self) -> str:
-        """Which per-call path runs here, and why, in one line.
+        """Which calls this communicator makes, in one line: the same on every rank, for
+        every array type.
 
-        Example: ``comm.call_path`` -> ``"calls on NumPy arrays in C (collectives._fastmpi on
-        libmpi.so.12); other calls through the MPI backend"``.
+        Example:
+            >>> comm.call_path
+            'non-blocking MPI calls, polled under the timeout'
         """
-        if self.backend != "mpi":
-            return f"every call through the {self.backend} backend"
-        if self._direct is None:
-            return "every call through the MPI backend (a timeline records each call)"
-        how = _direct.HOW
-        if self._books.blocking:
-            how += (
-                ", synchronous collectives as blocking MPI calls (a stuck one ends "
-                "the job after the timeout)"
-            )
-        if self._books.kept_bytes > 0 and _direct.COMPILED:
-            how += (
-                f", synchronous collectives of up to {self._books.kept_bytes} bytes a rank as "
-                "kept persistent requests (polled: a stuck one raises)"
-            )
-        return f"calls on NumPy arrays {how}; other calls through the MPI backend"
+        return self._impl.call_form
 
     # ---------------------------------------------------------------- collectives
 
@@ -448,7 +409,7 @@ class Communicator(Grouping):
         )
         # A part counts only its own ranks on the node; when the parent's ranks outnumber the
         # cores, a waiting rank of the part must yield its core as early as the parent's.
-        sub._books.yield_after = min(sub._books.yield_after, self._books.yield_after)
+        sub.yield_after = min(sub.yield_after, self.yield_after)
         return sub
 
     def check_arrays(self, call: str, x: Any, out: Any) -> None:
@@ -504,10 +465,10 @@ class Communicator(Grouping):
         books.take(call)
         try:
             array = x if x is not None else out
-            seq = books.number(call, array, name, op, root, async_op)
+            books.number(call, array, name, op, root)
             stager = self._stager
             pending = verb(x, out) if stager is None else stager.run(verb, x, out)
-            pending.info = (seq, call, None if array is None else array.shape, name)
+            pending.info = books.current
             if self._track:
                 pending.track = self._track
             self.recorder.append(pending)
@@ -543,8 +504,3 @@ class Communicator(Grouping):
         self, call: str, out: Any, x: Any, name: str, shape: tuple, out_is_part: bool = False
     ) -> Any:
         return checked_slot_out(call, out, x, name, shape, self.rank, out_is_part)
-
-
-def _no_direct_path(request: Any, entry: Entry, args: tuple) -> None:
-    """``books.wait_long`` where the backend has set up no direct path: never called."""
-    raise RuntimeError("no direct path on this communicator")

@@ -1,9 +1,8 @@
 """``comm.group()`` and the waits of held calls (a base of ``Communicator``).
 
-Inside a group the general path's calls are held as the backend's pendings and the direct
-path's as its C ``Work``s (``books.held``); the block's end waits for both, in that order
-(every call was posted when made: the order of the waits cannot deadlock). A nested block
-joins the outer one.
+Inside a group every call is held as the backend's pending; the block's end waits for them
+in order (every call was posted when made: the order of the waits cannot deadlock). A nested
+block joins the outer one.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ._backend import BackendContext
-from ._books import CallBooks
 from ._lifecycle import Lifecycle
 from ._work import Pending
 
@@ -20,7 +18,6 @@ class Grouping(Lifecycle):
     """Groups and waits: what ``Communicator.group()``, a ``Work`` and a group's end call."""
 
     _group: list | None
-    _direct: CallBooks | None
     _context: BackendContext
 
     def group(self) -> _Group:
@@ -39,20 +36,13 @@ class Grouping(Lifecycle):
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
         self._group = []
-        books = self._books
-        books.grouped, books.held = True, []  # the direct path's calls are held there
 
     def _close_group(self, failed: bool) -> None:
         pendings, self._group = self._group or [], None
-        books = self._books
-        works, books.held = books.held or [], None
-        books.grouped = False
         self._impl.group_end(pendings)
         if not failed:
             for pending in pendings:
                 self._wait(pending)
-            for work in works:
-                work.wait()
 
     # What a Work's wait() and synchronize() call (and a group's end): the backend context's
     # one wait that may fail.

@@ -14,6 +14,7 @@ from ._communicator import Communicator
 from ._errors import BackendUnavailableError, InvalidArgumentError
 from ._handshake import arrive
 from ._mpi import MpiBackend
+from ._mpi_base import blocking_by_default
 from ._nccl_rules import shared_gpu_reason
 
 BACKENDS = ("auto", "nccl", "mpi")
@@ -42,14 +43,15 @@ def init(
             call it within that time.
         check: verify before each call that all ranks make the same call
             (default: environment ``COLLECTIVES_CHECK=1``).
-        mpi_blocking: on the MPI backend, make synchronous collectives (every verb but
-            send and recv) of NumPy arrays blocking MPI calls, which are faster than
-            non-blocking ones with Open MPI and Intel MPI; a stuck one then ends the job
-            after ``timeout`` (printing the timeout error) instead of raising it. Default:
-            environment ``COLLECTIVES_MPI_BLOCKING`` (``1`` or ``0``), else on for Open MPI
-            and Intel MPI. Unless it is ``False`` (or that environment ``0``), small
-            synchronous calls may be kept persistent requests (MPICH), and every rank must
-            make a call alike, synchronous or not: MPI never matches two forms of a call.
+        mpi_blocking: on the MPI backend, make every collective (every verb but send and
+            recv, synchronous or not) a blocking MPI call, which is faster than a
+            non-blocking one with Open MPI and Intel MPI. A stuck one then ends the job after
+            ``timeout`` (printing the timeout error) instead of raising it, and a call made
+            with ``async_op=True`` has completed when it returns (its ``Work`` waits for
+            nothing). Default: environment ``COLLECTIVES_MPI_BLOCKING`` (``1`` or ``0``), else
+            on for Open MPI and Intel MPI. Every rank must have the same setting (``init``
+            raises ``InvalidArgumentError`` otherwise): MPI never matches a blocking call
+            with a non-blocking one.
 
     Each call returns an independent communicator (as ``MPI_Comm_dup``), every rank must call it.
 
@@ -96,7 +98,17 @@ def init(
     impl: Backend
     extra: dict = {}
     if backend == "mpi":
-        impl = MpiBackend(mpi_comm, blocking=mpi_blocking)
+        blocking = blocking_by_default() if mpi_blocking is None else mpi_blocking
+        settings = mpi_comm.allgather(blocking)
+        if len(set(settings)) > 1:
+            mpi_comm.Free()
+            on = [r for r, b in enumerate(settings) if b]
+            raise InvalidArgumentError(
+                f"init: ranks {on} asked for blocking MPI collectives and the others did not "
+                "(mpi_blocking, or COLLECTIVES_MPI_BLOCKING): MPI never matches a blocking "
+                "call with a non-blocking one"
+            )
+        impl = MpiBackend(mpi_comm, blocking=blocking)
     else:
         from ._nccl import make_nccl_backend
 

@@ -30,7 +30,7 @@ from ._errors import (
 )
 from ._handshake import arrive
 from ._progress import ProgressBoard
-from ._work import Pending, recorded
+from ._work import Pending
 
 _get_ident = threading.get_ident
 
@@ -52,14 +52,6 @@ class Lifecycle:
     _failed: bool
     _owner_thread: threading.Thread
     _owner: int | None
-    #: the verbs that are the direct path's C callables on this instance (Communicator)
-    _direct_verbs: tuple[str, ...] = ()
-
-    def _stop_direct_path(self) -> None:
-        """From now on every verb is the method (closed, aborted or dead: it says so)."""
-        for name in self._direct_verbs:
-            self.__dict__.pop(name, None)
-        self._direct_verbs = ()
 
     def hand_over(self, thread: threading.Thread) -> None:
         """Make ``thread`` the only one that may issue calls on this communicator from now on.
@@ -86,7 +78,6 @@ class Lifecycle:
         if self._books.busy:
             raise CommunicatorStateError(f"hand_over: {IN_USE}")
         self._owner_thread, self._owner = thread, thread.ident
-        self._books.owner = thread.ident or 0  # 0: learned at the thread's first call
 
     def device_scope(self) -> contextlib.AbstractContextManager:
         """Make the communicator's GPU the calling thread's current device for a with-block.
@@ -123,7 +114,7 @@ class Lifecycle:
             return
         owner = self._owner_thread
         if self._owner is None and owner.ident == ident:  # handed over before it started
-            self._owner = self._books.owner = ident
+            self._owner = ident
             return
         raise CommunicatorStateError(
             f"{call}: called from thread {threading.current_thread().name!r}, but the "
@@ -141,7 +132,6 @@ class Lifecycle:
             self._impl.drain()
         self._impl.close()  # first: a backend that refuses (NCCL inside a group) leaves it open
         self._unusable = _Closed("communicator is closed")
-        self._stop_direct_path()
         self._free_mpi()
 
     def abort(self) -> None:
@@ -149,7 +139,6 @@ class Lifecycle:
         if isinstance(self._unusable, _Closed):
             return
         self._unusable = _Closed("communicator was aborted")
-        self._stop_direct_path()
         self._impl.abort()
         self._free_mpi()
 
@@ -164,7 +153,6 @@ class Lifecycle:
             f"communicator belongs to process {parent}, and this process ({os.getpid()}) is "
             "a child forked from it: MPI cannot be used in a forked child"
         )
-        self._stop_direct_path()
 
     def leaving(self, how: str) -> None:
         """At exit, while other ranks have not all reached it (:mod:`._exit`): tell them that
@@ -256,7 +244,6 @@ class Lifecycle:
         if self._unusable is None:
             self._unusable = error
             self._failed = True
-            self._stop_direct_path()
             _exit.failed(error, self.timeout)
             guard = self._books.checker
             if announce and guard is not None:
@@ -268,7 +255,7 @@ class Lifecycle:
 
     def flight_record(self) -> list[dict]:
         """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
-        return [recorded(p).as_dict() for p in self.recorder]
+        return [p.as_dict() for p in self.recorder]
 
     def _dump_flight_record(self) -> None:
         folder = os.environ.get("COLLECTIVES_FLIGHT_RECORDER")

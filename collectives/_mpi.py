@@ -2,34 +2,35 @@
 
 Every verb takes the arguments it needs (:class:`~._backend.Backend` lists them; the front
 end has checked them) and returns a :class:`MpiPending`. CuPy arrays are staged through
-host memory unless the MPI library is CUDA-aware (:meth:`MpiBackend.run`). The
-backend also sets up the direct path (:mod:`._direct`) on the front end's books, and waits
-for its calls that last (:meth:`MpiBackend.direct_path`). The tables and the pending it
-stands on are in :mod:`._mpi_base`.
+host memory unless the MPI library is CUDA-aware (:meth:`MpiBackend.run`).
+
+Which MPI call a verb makes (blocking or not, in parts above 2**31 - 1 elements, a two-rank
+reduce_scatter as one exchange...) depends only on what every rank agrees on: the verb, the
+dtype, the count, the op, the root, the communicator's settings and the MPI library; never on
+the Python type of the arrays a rank passes, nor on ``async_op``, as MPI matches no blocking
+call with a non-blocking one. The tables and the pending it stands on are in
+:mod:`._mpi_base`.
 """
 
 from __future__ import annotations
 
-import atexit
+import ctypes
+import functools
 import sys
-import weakref
+from time import monotonic
 from typing import Any, Callable, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _callbooks, _direct, _fork, _mpi_parts
+from . import _mpi_parts
 from ._arrays import array_module, is_device_array, is_slot
 from ._backend import BackendContext, Verb
-from ._books import CallBooks, Entry
-from ._errors import CollectivesError, CollectiveTimeoutError
+from ._errors import CollectivesError
 from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here)
     _ABANDONED,
     _TAG,
     EXCHANGE_TAG,
-    FAST_OP_OBJECTS,
-    FAST_TYPE_OBJECTS,
-    KEPT_ALL_TO_ALL_IN_PLACE,
     MPI_OP,
     MPI_TYPE,
     SLOWER_NON_BLOCKING,
@@ -37,18 +38,17 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
     MpiPending,
     abandon,
     blocking_by_default,
-    kept_bytes,
     library_path,
     mpi_cuda_aware,
 )
 from ._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from ._ops import ReduceOp
+from ._progress import BLOCKING_CALLS
 from ._watchdog import WATCHDOG
 from ._work import Pending
 
-#: calls in flight on one communicator before those done are looked for (the books' Works
-#: are looked for at the same count)
-_REAP_AT = _callbooks.REAP_AT
+#: calls in flight on one communicator before those done are looked for
+_REAP_AT = 64
 _HOST = frozenset({np.ndarray, type(None)})  # array types that are never staged
 
 
@@ -94,6 +94,65 @@ class _AllOf:
         return all([part.test() for part in self.parts])
 
 
+#: the blocking form of each non-blocking call the verbs post, where the communicator's
+#: collectives are blocking (``init(mpi_blocking=True)``); sends and recvs never block, so
+#: that a send and a recv of the same rank cannot deadlock each other
+_BLOCKING_FORM: dict[Callable[..., MPI.Request], Callable[..., None]] = {
+    MPI.Comm.Iallreduce: MPI.Comm.Allreduce,
+    MPI.Comm.Ireduce: MPI.Comm.Reduce,
+    MPI.Comm.Ibcast: MPI.Comm.Bcast,
+    MPI.Comm.Iallgather: MPI.Comm.Allgather,
+    MPI.Comm.Ireduce_scatter: MPI.Comm.Reduce_scatter,
+    MPI.Comm.Ireduce_scatter_block: MPI.Comm.Reduce_scatter_block,
+    MPI.Comm.Ialltoall: MPI.Comm.Alltoall,
+    MPI.Comm.Igather: MPI.Comm.Gather,
+    MPI.Comm.Iscatter: MPI.Comm.Scatter,
+    MPI.Comm.Ibarrier: MPI.Comm.Barrier,
+}
+if hasattr(MPI.Comm, "Isendrecv"):  # mpi4py 4 (MPI 4.0)
+    _BLOCKING_FORM[MPI.Comm.Isendrecv] = MPI.Comm.Sendrecv
+
+#: the progress board's code of each call that may block (``BLOCKING_CALLS``)
+_INSIDE_CODE = {call: code for code, call in BLOCKING_CALLS.items()}
+
+
+class _Library:
+    """What this MPI library can do, found once, on first use (never at import)."""
+
+    def __init__(self) -> None:
+        vendor = MPI.get_vendor()[0]
+        #: a sendrecv is one MPI call (``MPI_Isendrecv``, MPI 4.0); without it, an
+        #: ``MPI_Irecv`` and an ``MPI_Isend`` that complete together
+        self.sendrecv_posted = _has_isendrecv()
+        #: which reduce_scatters are posted with each rank's count (1 the non-blocking ones, 2
+        #: the blocking ones): MPICH's ``MPI_Ireduce_scatter_block`` and Open MPI's
+        #: ``MPI_Reduce_scatter_block`` pick algorithms several times slower from 128 KiB than
+        #: the same libraries' ``MPI_(I)reduce_scatter`` (2 ranks, 15x and 6x at 1 MiB;
+        #: benchmarks/README.md); elsewhere the two cost the same
+        self.counted_reduce_scatter = {"MPICH": 1, "Open MPI": 2}.get(vendor, 0)
+
+
+#: bytes per rank from which reduce_scatters are posted counted (below, the two cost the same)
+COUNTED_FROM = 64 << 10
+
+
+def _has_isendrecv() -> bool:
+    """Whether this MPI has ``MPI_Isendrecv`` (MPI 4.0) and mpi4py calls it."""
+    if not hasattr(MPI.Comm, "Isendrecv"):
+        return False
+    path = library_path()
+    try:
+        return path is not None and hasattr(ctypes.CDLL(path), "MPI_Isendrecv")
+    except OSError:
+        return False
+
+
+@functools.cache
+def library() -> _Library:
+    """This MPI library's abilities (the same on every rank: one library)."""
+    return _Library()
+
+
 class MpiBackend:
     """Collectives over one mpi4py communicator."""
 
@@ -106,18 +165,18 @@ class MpiBackend:
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
         self.cuda_aware = mpi_cuda_aware() if cuda_aware is None else cuda_aware
-        #: synchronous direct-path calls as blocking MPI calls (see ``init(mpi_blocking=)``)
+        #: collectives (every verb but send and recv, synchronous or not) are blocking MPI
+        #: calls (see ``init(mpi_blocking=)``)
         self.blocking = blocking_by_default() if blocking is None else blocking
-        #: bytes a rank up to which synchronous calls are kept persistent requests
-        self.kept_bytes = kept_bytes(blocking)
-        self._blocking_told = blocking
+        self._forms = _BLOCKING_FORM if self.blocking else {}
+        self._library = library()
+        #: when the blocking call this backend is inside began (0.0: none), for the watchdog
+        self.blocked_since = 0.0
         self.in_flight: set[MpiPending] = set()
         self._reap_at = _REAP_AT
         #: calls were left in flight at a close or abort: the MPI communicator is not freed
         self.unfinished = False
         self._context: BackendContext | None = None
-        #: the books whose direct path runs on this communicator (``direct_path``), or None
-        self._books: CallBooks | None = None
 
     #: an MPI backend fails through the front end only (a timeout, an MPI error)
     failure: CollectivesError | None = None
@@ -127,59 +186,31 @@ class MpiBackend:
     xp: Any = np
 
     def attach(self, context: BackendContext) -> None:
+        """Take the front end's context; a blocking backend is watched
+        (:data:`._watchdog.WATCHDOG`), since nothing else can end a call stuck in MPI."""
         self._context = context
+        if self.blocking:
+            WATCHDOG.watch(self)
 
     def check_arrays(self, call: str, x: Any, out: Any) -> None:
         pass
 
     @property
+    def call_form(self) -> str:
+        if self.blocking:
+            return (
+                "blocking MPI collectives (a stuck one ends the job after the timeout), "
+                "non-blocking sends and recvs"
+            )
+        return "non-blocking MPI calls, polled under the timeout"
+
+    @property
     def stager(self) -> MpiBackend:
         return self
 
-    def direct_path(self, books: CallBooks) -> bool:
-        """Set ``books`` up for the direct path on this communicator; a blocking one is
-        watched (:data:`._watchdog.WATCHDOG`), since nothing else can end it."""
-        assert self._context is not None  # attached by the front end first
-        books.handle, books.blocking = _direct.handle(self.comm), self.blocking
-        books.wait_long, books.pending = self._wait_long, self._direct_pending
-        # small synchronous calls may be kept persistent requests, which match no other form
-        # of the call: unless told non-blocking, ranks must make calls alike
-        books.kept_bytes = self.kept_bytes
-        books.kept_all_to_all_in_place = MPI.get_vendor()[0] in KEPT_ALL_TO_ALL_IN_PLACE
-        self._books = books
-        if books.kept_bytes > 0:
-            _KEEPING.add(self)
-        if self.blocking:
-            WATCHDOG.watch(self._context)
-        return True
-
-    def _direct_pending(self, request: Any, entry: Entry, args: tuple) -> MpiPending:
-        """The pending of a direct-path call that someone waits on (``books.pending``), in its
-        entry's place in the recorder. ``args`` holds the arrays, which MPI may still write
-        after a timeout: the pending owns them, and the backend keeps them past an abort."""
-        context = self._context
-        assert context is not None
-        if len(self.in_flight) >= self._reap_at:
-            self._reap()
-        pending = MpiPending(_direct.request(request), args, self.in_flight)
-        pending.info = (entry.seq, entry.call, entry.shape, entry.dtype)
-        pending.start = entry.start
-        pending.polls = 255  # polled already: its wait looks at the clock after one more test
-        # its state, "timed out" included, is the recorder's: the last entry but for a Work's
-        recorder = context.recorder
-        for i in range(-1, -len(recorder) - 1, -1):
-            if recorder[i] is entry:
-                recorder[i] = pending
-                break
-        return pending
-
-    def _wait_long(self, request: Any, entry: Entry, args: tuple) -> None:
-        """The rest of a long direct-path wait (``books.wait_long``): yielding the core, under
-        the timeout."""
-        assert self._context is not None
-        self._context.complete(self._direct_pending(request, entry, args))
-
-    # Each verb takes what it needs (see Backend) and gives an MpiPending.
+    # Each verb takes what it needs (see Backend) and gives an MpiPending. The MPI call is
+    # passed unbound (``MPI.Comm.Iallreduce``) to ``_post``, which posts it or makes its
+    # blocking form.
 
     def all_reduce(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
         if name in UPCAST:
@@ -190,7 +221,7 @@ class MpiBackend:
             return self._in_parts(lambda x, out: self.all_reduce(x, out, name, op), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        return self._post(self.comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
+        return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
         if name in UPCAST:
@@ -201,16 +232,16 @@ class MpiBackend:
             return self._in_parts(lambda x, out: self.reduce(x, out, name, op, root), x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
-            return self._post(self.comm.Ireduce, [x, t], None, MPI_OP[op], root)
+            return self._post(MPI.Comm.Ireduce, [x, t], None, MPI_OP[op], root)
         send = MPI.IN_PLACE if out is x else [x, t]
         return self._post(
-            self.comm.Ireduce, send, [out, t], MPI_OP[op], root, then=self._avg(op, out)
+            MPI.Comm.Ireduce, send, [out, t], MPI_OP[op], root, then=self._avg(op, out)
         )
 
     def broadcast(self, x: Any, name: str, root: int) -> MpiPending:
         if x.size > MAX_COUNT:
             return self._in_parts(lambda x, out: self.broadcast(x, name, root), x, x)
-        return self._post(self.comm.Ibcast, [x, MPI_TYPE[name]], root)
+        return self._post(MPI.Comm.Ibcast, [x, MPI_TYPE[name]], root)
 
     def all_gather(self, x: Any, out: Any, name: str) -> MpiPending:
         in_place = is_slot(x, out, self.rank)
@@ -218,7 +249,7 @@ class MpiBackend:
             return self._whole(_mpi_parts.all_gather(self, x, out, name, in_place), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if in_place else [x, t]
-        return self._post(self.comm.Iallgather, send, [out, t])
+        return self._post(MPI.Comm.Iallgather, send, [out, t])
 
     def reduce_scatter(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
         if name in UPCAST:
@@ -234,18 +265,13 @@ class MpiBackend:
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
         t = MPI_TYPE[name]
-        if (
-            self.size == 2
-            and _direct.EXCHANGES
-            and out.nbytes > self.kept_bytes
-            and not is_device_array(x)
-        ):
-            return self._exchange(x, out, t, op)  # as the direct path makes it
-        if _direct.COUNTED_REDUCE_SCATTER & 1 and out.nbytes >= _direct.COUNTED_FROM:
-            # as the direct path posts it on MPICH
+        if self.size == 2 and self._library.sendrecv_posted and not self.cuda_aware:
+            return self._exchange(x, out, t, op)
+        counted = self._library.counted_reduce_scatter & (2 if self.blocking else 1)
+        if counted and out.nbytes >= COUNTED_FROM:
             counts = [out.size] * self.size
             return self._post(
-                self.comm.Ireduce_scatter,
+                MPI.Comm.Ireduce_scatter,
                 [x, t],
                 [out, t],
                 counts,
@@ -253,13 +279,20 @@ class MpiBackend:
                 then=self._avg(op, out),
             )
         return self._post(
-            self.comm.Ireduce_scatter_block, [x, t], [out, t], MPI_OP[op], then=self._avg(op, out)
+            MPI.Comm.Ireduce_scatter_block,
+            [x, t],
+            [out, t],
+            MPI_OP[op],
+            then=self._avg(op, out),
         )
 
     def _exchange(self, x: Any, out: Any, t: MPI.Datatype, op: ReduceOp) -> MpiPending:
-        """A two-rank reduce_scatter as one exchange (``_direct.EXCHANGES``): the part
-        the peer keeps goes to it, its part of ours comes into ``out``, then ours is reduced
-        into that."""
+        """A two-rank reduce_scatter as one exchange: the part the peer keeps goes to it, its
+        part of ours comes into ``out``, then ours is reduced into that. MPICH's, Open MPI's
+        and Intel MPI's own reduce_scatter took 1.1x to 7.9x its time from 16 KiB a call to
+        16 MiB, 0.9x to 1.2x at 4 KiB (benchmarks/README.md, "Two ranks' reduce_scatter as
+        one exchange"). Made on host memory only (``MPI_Reduce_local`` reads it): never where
+        device arrays may reach MPI (CUDA-aware), so that every rank makes the same call."""
         peer, mine, mpi_op = 1 - self.rank, x[self.rank], MPI_OP[op]
 
         def reduce() -> None:
@@ -267,7 +300,7 @@ class MpiBackend:
 
         avg = self._avg(op, out)
         return self._post(
-            self.comm.Isendrecv,
+            MPI.Comm.Isendrecv,
             [x[peer], t],
             peer,
             EXCHANGE_TAG,
@@ -282,7 +315,7 @@ class MpiBackend:
             return self._whole(_mpi_parts.all_to_all(self, x, out, name, MAX_COUNT), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        return self._post(self.comm.Ialltoall, send, [out, t])
+        return self._post(MPI.Comm.Ialltoall, send, [out, t])
 
     def gather(self, x: Any, out: Any, name: str, root: int) -> MpiPending:
         if x.size > MAX_COUNT:
@@ -291,9 +324,9 @@ class MpiBackend:
             return self._whole(parts, x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
-            return self._post(self.comm.Igather, [x, t], None, root)
+            return self._post(MPI.Comm.Igather, [x, t], None, root)
         send = MPI.IN_PLACE if is_slot(x, out, root) else [x, t]
-        return self._post(self.comm.Igather, send, [out, t], root)
+        return self._post(MPI.Comm.Igather, send, [out, t], root)
 
     def scatter(self, x: Any, out: Any, name: str, root: int) -> MpiPending:
         if out.size > MAX_COUNT:
@@ -302,30 +335,30 @@ class MpiBackend:
             return self._whole(parts, x, out)
         t = MPI_TYPE[name]
         if self.rank != root:
-            return self._post(self.comm.Iscatter, None, [out, t], root)
+            return self._post(MPI.Comm.Iscatter, None, [out, t], root)
         receive = MPI.IN_PLACE if is_slot(out, x, root) else [out, t]
-        return self._post(self.comm.Iscatter, [x, t], receive, root)
+        return self._post(MPI.Comm.Iscatter, [x, t], receive, root)
 
     def send(self, x: Any, name: str, peer: int) -> MpiPending:
         if x.size > MAX_COUNT:
             return self._whole(_mpi_parts.sends(self, x, name, peer, _TAG, MAX_COUNT), x, None)
-        return self._post(self.comm.Isend, [x, MPI_TYPE[name]], peer, _TAG)
+        return self._post(MPI.Comm.Isend, [x, MPI_TYPE[name]], peer, _TAG)
 
     def recv(self, out: Any, name: str, peer: int) -> MpiPending:
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.recvs(self, out, name, peer, _TAG, MAX_COUNT), None, out)
-        return self._post(self.comm.Irecv, [out, MPI_TYPE[name]], peer, _TAG)
+        return self._post(MPI.Comm.Irecv, [out, MPI_TYPE[name]], peer, _TAG)
 
     def sendrecv(self, x: Any, out: Any, name: str, peer: int, source: int) -> MpiPending:
-        if x.size > MAX_COUNT or not _direct.SENDRECV_POSTED:  # (before MPI 4.0)
+        if x.size > MAX_COUNT or not self._library.sendrecv_posted:  # (before MPI 4.0)
             # a recv and a send that complete together: they match the peers' as one would
             parts = [self.recv(out, name, source), self.send(x, name, peer)]
             return self._whole(parts, x, out)
         t = MPI_TYPE[name]
-        return self._post(self.comm.Isendrecv, [x, t], peer, _TAG, [out, t], source, _TAG)
+        return self._post(MPI.Comm.Isendrecv, [x, t], peer, _TAG, [out, t], source, _TAG)
 
     def barrier(self) -> MpiPending:
-        return self._post(self.comm.Ibarrier)
+        return self._post(MPI.Comm.Ibarrier)
 
     def _post(
         self,
@@ -333,11 +366,31 @@ class MpiBackend:
         *args: Any,
         then: Callable[[], None] | None = None,
     ) -> MpiPending:
-        """Post ``start(*args)``: the pending owns ``args``, every buffer MPI reads or writes,
-        until the request completes (this is the one place requests are made)."""
+        """Post ``start(comm, *args)``, or make its blocking form where this communicator's
+        collectives are blocking: the pending owns ``args``, every buffer MPI reads or writes,
+        until the request completes (this is the one place MPI calls are made)."""
         if len(self.in_flight) >= self._reap_at:
             self._reap()
-        return MpiPending(start(*args), args, self.in_flight, then)
+        blocking = self._forms.get(start)
+        if blocking is None:
+            return MpiPending(start(self.comm, *args), args, self.in_flight, then)
+        self._block(blocking, args)
+        # complete at its first test: what the front end and the stager chain on to
+        # ``finish`` (copies back, rounding) runs then
+        return MpiPending(MPI.REQUEST_NULL, args, self.in_flight, then)
+
+    def _block(self, call: Callable[..., None], args: tuple) -> None:
+        """Make the blocking MPI call ``call(comm, *args)``, posted on the progress board and
+        watched by the watchdog while it runs (it cannot be interrupted)."""
+        context = self._context
+        assert context is not None  # attached by the front end first
+        context.inside(_INSIDE_CODE.get(context.current()[1], 0))
+        self.blocked_since = monotonic()
+        try:
+            call(self.comm, *args)
+        finally:
+            self.blocked_since = 0.0
+            context.inside(0)
 
     def _reap(self) -> None:
         """Complete the calls nobody waits for (their ``Work`` was dropped), so that
@@ -429,19 +482,17 @@ class MpiBackend:
     def split(self, child: MPI.Comm, color: int | None, key: int) -> tuple[Any, dict]:
         if child == MPI.COMM_NULL:
             return None, {}
-        return MpiBackend(child, self.cuda_aware, self._blocking_told), {}
+        return MpiBackend(child, self.cuda_aware, self.blocking), {}
 
     def drain(self) -> None:
         """Finish the calls in flight before a close (under the timeout: a call that never
         completes is abandoned by the close instead)."""
         context = self._context
         assert context is not None
-        if self._books is not None:
-            self._books.hand_over()  # the direct path's Works, as pendings in in_flight
         for pending in list(self.in_flight):
             try:
                 context.synchronize(pending)
-            except CollectiveTimeoutError:
+            except CollectivesError:  # timed out, or failed on a peer: abandoned
                 return
 
     def close(self) -> None:
@@ -449,27 +500,4 @@ class MpiBackend:
 
     def abort(self) -> None:
         # What MPI has not finished keeps its arrays, and its communicator (see ``unfinished``).
-        if self._books is not None:
-            self._books.hand_over()
         self.unfinished = abandon(self.in_flight) > 0 or self.unfinished
-        self.let_go_kept()
-
-    def let_go_kept(self) -> None:
-        """Free the kept persistent requests of the direct path (before the communicator is
-        freed, or MPI finalized); one still active leaves the communicator unfreed."""
-        if self._books is not None and not MPI.Is_finalized():
-            self.unfinished = self._books.let_go_kept() > 0 or self.unfinished
-        _KEEPING.discard(self)
-
-
-#: the backends whose books may keep persistent requests, let go of at exit before
-#: MPI_Finalize (which would otherwise free them, saying so, on MPICH)
-_KEEPING: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
-
-
-@atexit.register
-def _let_go_all_kept() -> None:
-    if _fork.forked():  # the requests are the parent's
-        return
-    for backend in list(_KEEPING):
-        backend.let_go_kept()

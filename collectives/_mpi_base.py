@@ -1,6 +1,6 @@
 """What the MPI backend (:mod:`._mpi`) stands on: the datatype and op tables, what this MPI
-library can do, and :class:`MpiPending`, one request in flight. The direct path
-(:mod:`._direct`) and check mode (:mod:`._check`) use them too, below the backend.
+library can do, and :class:`MpiPending`, one request in flight. Check mode (:mod:`._check`)
+uses them too, below the backend.
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _minmax
-from ._dtypes import COMPLEX, NAME_OF_CHAR
-from ._ops import BY_NAME, ReduceOp
+from ._ops import ReduceOp
 from ._work import Pending
 
-#: the tag of send/recv (the direct path's and the backend's: one matching order)
+#: the tag of send/recv
 _TAG = 7071
-#: the tag of a two-rank reduce_scatter's exchange (``_direct.EXCHANGES``): apart from
+#: the tag of a two-rank reduce_scatter's exchange (``MpiBackend._exchange``): apart from
 #: send/recv's, so that it never matches a user's message in flight
 EXCHANGE_TAG = 7073
-#: tests between two yields of the core (``_fastmpi.c``'s too): a rank that shares its core
+#: tests between two yields of the core: a rank that shares its core
 #: gives it up after every 8 tests, not after each one: 4 ranks on 2 cores waited 1.4x to
 #: 2.2x as long yielding after each test (every MPI; some calls need a few tests in a row
 #: to progress), and Intel MPI's ranks yielding after each test took twice as long as its
@@ -83,18 +82,6 @@ MPI_OP: dict[ReduceOp | None, MPI.Op] = {
     ReduceOp.AVG: MPI.SUM,
 }
 
-#: native-order dtype -> (name, MPI type) for the dtypes MPI reduces natively: the direct
-#: path's table (_direct.FAST_TYPE), looked up once per call (a swapped byte order is not
-#: equal, so it misses; complex is left to the checked path: it has no max or min)
-FAST_TYPE_OBJECTS = {
-    np.dtype(ch): (name, MPI_TYPE[name])
-    for ch, name in NAME_OF_CHAR.items()
-    if name not in UPCAST and name not in COMPLEX
-}
-
-#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op), AVG excepted
-FAST_OP_OBJECTS = {key: (op, MPI_OP[op]) for key, op in BY_NAME.items() if op is not ReduceOp.AVG}
-
 
 def mpi_cuda_aware() -> bool:
     """Whether CuPy arrays may be handed to MPI directly (env ``COLLECTIVES_MPI_CUDA_AWARE``)."""
@@ -125,38 +112,6 @@ def blocking_by_default() -> bool:
     :data:`SLOWER_NON_BLOCKING`."""
     told = blocking_told()
     return MPI.get_vendor()[0] in SLOWER_NON_BLOCKING if told is None else told
-
-
-#: bytes per rank up to which a synchronous collective is a kept persistent request
-#: (``_callbooks_kept.c``), by MPI library, unless calls were asked to be non-blocking (where
-#: ranks may mix the forms of a call, which a persistent request never matches). MPICH: its
-#: kept calls took 0.50x to 1.24x of mpi4py's blocking ones at 8 B to 1 KiB, 2 ranks, against
-#: 0.87x to 1.13x for its blocking calls and 0.62x to 1.49x for its non-blocking ones
-#: (benchmarks/README.md); from 4 KiB a persistent broadcast with its copies took longer than
-#: a blocking one (1.24 against 1.12 us; 7.2 against 3.0 at 16 KiB, raw mpi4py).
-#: Open MPI's kept calls measured 0.9x to 1.4x the time of its blocking ones at 2 ranks: not
-#: kept unless asked. Intel MPI's persistent gather, scatter and all_gather (2021.18) return wrong
-#: data: never kept.
-KEPT_BYTES = {"MPICH": 1024, "Open MPI": 0}
-
-#: MPIs whose kept all_to_all is made in MPI's in-place form whatever the call's placement (every
-#: rank alike, as MPI asks): MPICH's persistent in-place Alltoall took 0.98 us against 1.51 out
-#: of place (its blocking ones 1.37 and 2.22; raw mpi4py, 2 ranks, 256 B a rank); Open MPI's
-#: 1.08 against 0.69 (benchmarks/README.md).
-KEPT_ALL_TO_ALL_IN_PLACE = frozenset({"MPICH"})
-
-
-def kept_bytes(blocking: bool | None) -> int:
-    """Bytes per rank up to which synchronous calls are kept persistent requests, for
-    ``init(mpi_blocking=blocking)``: 0 where told non-blocking (``False``, or None and
-    ``COLLECTIVES_MPI_BLOCKING=0``) and on MPIs not in :data:`KEPT_BYTES`; else
-    ``COLLECTIVES_MPI_PERSISTENT`` (``0``: none; a number: up to that many bytes), else the
-    value there."""
-    vendor = MPI.get_vendor()[0]
-    if vendor not in KEPT_BYTES or (blocking_told() if blocking is None else blocking) is False:
-        return 0
-    told = os.environ.get("COLLECTIVES_MPI_PERSISTENT", "")
-    return int(told) if told.isdigit() else KEPT_BYTES[vendor]
 
 
 def library_path() -> str | None:
@@ -201,16 +156,12 @@ class MpiPending(Pending):
             self._complete()
         return self.done
 
-    #: the test count a wait starts from (it looks at the clock every 256 tests): 255 for a
-    #: direct-path call, which was polled already
-    polls = 0
-
     def synchronize(self, comm: Any) -> None:
         if self.done:
             return
         test = self.request.Test
         # a rank that shares its core (yield_after 0) looks at the clock after its first test
-        polls = 255 if comm.yield_after == 0 else self.polls
+        polls = 255 if comm.yield_after == 0 else 0
         yielding = False
         while not test():  # busy, as MPI's own blocking wait polls, then yielding the core
             polls += 1

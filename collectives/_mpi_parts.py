@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mpi4py import MPI
+
 from ._mpi_base import MPI_TYPE
 from ._ops import ReduceOp
 
@@ -34,12 +36,12 @@ def runs(array: Any, limit: int) -> list[Any]:
 
 def sends(b: MpiBackend, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
     t = MPI_TYPE[name]
-    return [b._post(b.comm.Isend, [run, t], peer, tag) for run in runs(array, limit)]
+    return [b._post(MPI.Comm.Isend, [run, t], peer, tag) for run in runs(array, limit)]
 
 
 def recvs(b: MpiBackend, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
     t = MPI_TYPE[name]
-    return [b._post(b.comm.Irecv, [run, t], peer, tag) for run in runs(array, limit)]
+    return [b._post(MPI.Comm.Irecv, [run, t], peer, tag) for run in runs(array, limit)]
 
 
 def all_gather(b: MpiBackend, x: Any, out: Any, name: str, in_place: bool) -> list[MpiPending]:

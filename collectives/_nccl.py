@@ -15,7 +15,7 @@ device, its stream and communicator creation in :mod:`._nccl_device`.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from . import _nccl_group as groups
 from . import _numerics
@@ -42,9 +42,6 @@ from ._nccl_flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
 from ._nccl_nan import nan_flags, put_nan
 from ._nccl_rules import cuda_error, nccl_error
 from ._ops import ReduceOp
-
-if TYPE_CHECKING:
-    from ._books import CallBooks
 
 __all__ = [
     "SPLIT_VERSION",
@@ -551,11 +548,11 @@ class NcclBackend(WatchedCommunicator):
         """Take the front end's context: the seq and the timeout messages name its calls."""
         self._context = context
 
+    #: which calls it makes (``comm.call_path``)
+    call_form = "NCCL calls on the communicator's own stream"
+
     def drain(self) -> None:
         """Nothing: ``close`` waits for the calls in flight itself (and aborts past the timeout)."""
-
-    def direct_path(self, books: CallBooks) -> bool:
-        return False  # the direct path is MPI's
 
 
 def make_nccl_backend(

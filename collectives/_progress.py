@@ -20,8 +20,8 @@ from mpi4py import MPI
 
 #: per rank, each a word: its collective number, check mode's two slots, its blocking call
 NUMBER, CHECK, INSIDE = 0, 1, 3
-#: the calls a rank posts it is inside, by code (``inside`` words: ``nth * 16 + code``); the
-#: code is the direct path's kind + 1 (``_direct.KINDS``; its sends and recvs never block)
+#: the calls a rank posts it is inside, by code (``inside`` words: ``nth * 16 + code``): the
+#: collectives, which may be blocking MPI calls (sends and recvs never block)
 BLOCKING_CALLS = {
     1: "all_reduce",
     2: "broadcast",
@@ -76,7 +76,7 @@ class ProgressBoard:
     ``check_slots`` (two per local rank) are check mode's: see ``_check``. ``waiting()``
     and ``done_waiting()`` post the call this rank is blocked in, which ``report()`` shows.
     ``inside[local_rank]`` is ``nth * 16 + code`` while this rank is inside a blocking MPI
-    call (:data:`BLOCKING_CALLS`) for collective ``nth``, else 0: the direct path writes it
+    call (:data:`BLOCKING_CALLS`) for collective ``nth``, else 0: the MPI backend writes it
     around the call, as a blocking call cannot post anything once it has begun.
     """
 
@@ -204,13 +204,10 @@ class ProgressBoard:
         if len(doing) > 1:
             parts.append("What each rank of the node is doing: " + "; ".join(doing) + ".")
         if not behind and not idle and not elsewhere and len(doing) > 1:
-            # every rank is in the call: they may disagree on it, or on its form (a kept
-            # persistent request, or a blocking call, of ranks that do may never complete)
+            # every rank is in the call: they may disagree on it
             parts.append(
-                "If the ranks called it with different arguments (shape, dtype, root, op), or "
-                "some synchronously and others with async_op=True or in a group (unless "
-                "init(mpi_blocking=False)), it may never complete: check mode "
-                "(COLLECTIVES_CHECK=1) names the difference."
+                "If the ranks called it with different arguments (shape, dtype, root, op), it "
+                "may never complete: check mode (COLLECTIVES_CHECK=1) names the difference."
             )
         if elsewhere:
             parts.append(f"Ranks on other nodes, not visible from here: {elsewhere}.")

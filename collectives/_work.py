@@ -1,10 +1,8 @@
 """Handles for operations in flight: what a backend returns (a ``Pending``) and what
 ``async_op`` users hold (a ``Work``).
 
-``Work`` is a C type (``_callbooks_work.c``): ``Work(comm, pending, result)`` is the general
-path's, whose ``wait()`` / ``synchronize()`` are ``comm._wait(pending)`` /
-``comm._synchronize(pending)``; the direct path makes its own, which polls its MPI request in
-C and hands it to the backend as a ``Pending`` only if it outlasts that poll.
+A ``Work`` holds the backend's ``Pending`` and the communicator, whose ``_wait`` and
+``_synchronize`` finish it under the communicator's rules (the timeout, the failure of a peer).
 
 Example:
     >>> work = comm.all_reduce(grad, async_op=True)
@@ -20,7 +18,6 @@ import time
 from typing import Any, Callable
 
 from . import _timeline
-from ._callbooks import Work
 from ._deadline import overdue
 from ._dtypes import STORAGE
 from ._errors import CollectiveTimeoutError
@@ -135,26 +132,58 @@ class Pending:
         }
 
 
-class Recorded(Pending):
-    """A flight-recorder entry that the direct path stored as an ``_books.Entry`` (end 0.0
-    until it completes): a ``Pending`` is made only when someone reads the recorder."""
+class Work:
+    """The result of a call made with ``async_op=True``.
 
-    def __init__(self, entry: Any):
-        self.info = (entry.seq, entry.call, entry.shape, entry.dtype)
-        self.start, self.end = entry.start, entry.end
-        self.done = self.end > 0.0
-        self.state = "completed" if self.done else "started"
-        self.finish = None
+    Example:
+        >>> work = comm.all_reduce(grad, async_op=True)
+        >>> ...                       # overlap other work
+        >>> work.wait()               # grad now holds the sum
+    """
 
+    __slots__ = ("_comm", "_pending", "_result")
 
-def recorded(entry: Any) -> Pending:
-    """A flight-recorder entry, whichever form it was stored in."""
-    return entry if isinstance(entry, Pending) else Recorded(entry)
+    def __init__(self, comm: Any, pending: Pending | None, result: Any):
+        self._comm = comm
+        self._pending = pending
+        self._result = result
+
+    def wait(self) -> Any:
+        """Order the caller after the result (NCCL: the current stream; MPI: block until
+        done, under the timeout); the result."""
+        pending = self._pending
+        if pending is not None and not pending.done:
+            self._comm._wait(pending)
+        return self._result
+
+    def synchronize(self) -> Any:
+        """Block the host until the operation has finished (the timeout applies); the
+        result."""
+        pending = self._pending
+        if pending is not None and not pending.done:
+            self._comm._synchronize(pending)
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished (never blocks)."""
+        pending = self._pending
+        return pending is None or pending.done or pending.test()
+
+    @property
+    def event(self) -> Any:
+        """The CUDA event the operation completes with on the NCCL backend, or None (MPI, or
+        a call still held by an open ``comm.group()``)."""
+        return getattr(self._pending, "event", None)
+
+    @property
+    def result(self) -> Any:
+        """The output array (valid once waited)."""
+        return self._result
 
 
 def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
     pending.state = "timed out"
-    last = [recorded(p) for p in list(comm.recorder)[-5:]]
+    last = list(comm.recorder)[-5:]
     recent = "; ".join(f"#{p.seq} {p.call} {p.state}" for p in last)
     return CollectiveTimeoutError(
         f"{pending.describe()} on rank {comm.rank} did not complete after {waited:.1f} s "
@@ -164,4 +193,4 @@ def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeo
     )
 
 
-__all__ = ["Pending", "Recorded", "Work", "recorded", "timeout_error"]
+__all__ = ["Pending", "Work", "timeout_error"]

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
@@ -76,41 +75,6 @@ def test_the_lease_command_without_a_gpu_says_what_it_loads_and_runs_ci_gpu(tmp_
     ], proc.stdout
     usage = subprocess.run([str(LEASE), str(out)], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage: .ci/gpu_lease OUTDIR STEPS" in usage.stderr
-
-
-def test_the_c_extensions_are_built_in_place_where_missing(tmp_path):
-    # a lent machine gets the sources only: .ci/gpu builds the extensions before anything
-    (tmp_path / "collectives").mkdir()
-    shutil.copy(REPO / "pyproject.toml", tmp_path)
-    for source in (REPO / "collectives").glob("*.[ch]"):
-        shutil.copy(source, tmp_path / "collectives")
-    build = [sys.executable, str(REPO / ".ci" / "gpu_tools.py"), "build-ext", str(tmp_path)]
-    first = subprocess.run(build, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stdout + first.stderr
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    for name in ("_callbooks", "_fastmpi", "_fastmpi_ompi"):
-        assert f"collectives.{name}: built (" in first.stdout, first.stdout
-        assert (tmp_path / "collectives" / f"{name}{suffix}").exists()
-    load = (
-        "import importlib.util as u, sys; "
-        "spec = u.spec_from_file_location('collectives._callbooks', sys.argv[1]); "
-        "m = u.module_from_spec(spec); spec.loader.exec_module(m); print(m.REAP_AT)"
-    )
-    built = tmp_path / "collectives" / f"_callbooks{suffix}"
-    loaded = subprocess.run(
-        [sys.executable, "-c", load, str(built)], capture_output=True, text=True
-    )
-    assert loaded.stdout.strip() == "64", loaded.stdout + loaded.stderr
-    again = subprocess.run(build, capture_output=True, text=True, timeout=60)
-    assert again.returncode == 0 and again.stdout.count("built already") == 3, again.stdout
-    # a header changed since: what includes it is built again (a stale build carried to a
-    # lent machine would lack what the Python side now asks of it)
-    header = tmp_path / "collectives" / "_primitives.h"
-    later = built.stat().st_mtime + 10
-    os.utime(header, (later, later))
-    changed = subprocess.run(build, capture_output=True, text=True, timeout=300)
-    assert changed.returncode == 0, changed.stdout
-    assert changed.stdout.count(": built (") == 3, changed.stdout
 
 
 def test_ci_gpu_wants_one_outdir():

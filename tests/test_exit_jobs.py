@@ -74,29 +74,14 @@ def test_leaving_with_a_failed_communicator_while_a_rank_is_stuck_aborts(tmp_pat
     assert elapsed < 30, f"job took {elapsed:.1f} s (rank 1 sleeps 120 s)"
 
 
-def test_a_small_call_on_a_blocking_communicator_raises_its_timeout_in_the_caller(tmp_path):
-    # Up to 1 KiB a rank, a synchronous call that would be blocking is a kept persistent
-    # request (MPICH; Open MPI where asked), polled under the timeout: caught, as a
-    # non-blocking one is.
-    if mpi_family() == "impi":
-        pytest.skip("Intel MPI's calls are never kept persistent requests")
-    script = CAUGHT_TIMEOUT.format(stuck_for=2.5)
-    assert "mpi_blocking=False" in script
-    script = script.replace("mpi_blocking=False", "mpi_blocking=True")
-    proc, _ = _job(tmp_path, script, 2, {"COLLECTIVES_MPI_PERSISTENT": "1024"})
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output
-    assert "rank 0 caught the timeout" in output and "aborting" not in output
-
-
-def test_a_small_call_with_default_settings_on_mpich_raises_its_timeout_in_the_caller(tmp_path):
-    # MPICH's small synchronous calls are kept persistent requests by default (polled): a
-    # stuck one raises in the caller, as the contract has it, with no setting given
+def test_a_call_with_default_settings_on_mpich_raises_its_timeout_in_the_caller(tmp_path):
+    # MPICH's calls are non-blocking by default (polled): a stuck one raises in the caller, as
+    # the contract has it, with no setting given
     if mpi_family() != "mpich":
-        pytest.skip("by default a small synchronous call is kept on MPICH only")
+        pytest.skip("by default calls are non-blocking on MPICH only")
     script = CAUGHT_TIMEOUT.format(stuck_for=2.5).replace(", mpi_blocking=False", "")
     assert "mpi_blocking" not in script
-    env = {"COLLECTIVES_MPI_BLOCKING": "", "COLLECTIVES_MPI_PERSISTENT": ""}  # as if unset
+    env = {"COLLECTIVES_MPI_BLOCKING": ""}  # as if unset
     proc, _ = _job(tmp_path, script, 2, env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output

@@ -72,8 +72,7 @@ def test_abort_on_exception_can_be_turned_off(tmp_path):
     assert elapsed >= 3
 
 
-#: elements of float64 past the bytes up to which a synchronous call on a blocking
-#: communicator may be a kept persistent request, polled (collectives._mpi_base.KEPT_BYTES)
+#: elements of float64 of the calls that get stuck
 LARGE = 256
 
 # A rank that never makes the next call but keeps MPI progressing what it has posted: Open

@@ -56,28 +56,6 @@ def test_spmd(path: Path, size: int, timeout: float, request):
     _passes(path, size, run_spmd(path, size, timeout=timeout), request)
 
 
-@pytest.mark.parametrize(
-    "path,size",
-    [
-        (SPMD_DIR / "test_collectives_verbs.py", 2),
-        (SPMD_DIR / "test_reliability.py", 2),
-    ],
-    ids=lambda value: value.stem if isinstance(value, Path) else f"np{value}",
-)
-def test_spmd_with_the_direct_path_in_python(path: Path, size: int, request):
-    # as where collectives._fastmpi did not build: the modules that use the direct path most
-    # (test_collectives_direct.py runs the in-process ones so)
-    if TEST_BACKEND != "mpi":
-        pytest.skip(
-            f"the direct path serves NumPy on MPI, not COLLECTIVES_TEST_BACKEND={TEST_BACKEND}"
-        )
-    chosen = _chosen_sizes()
-    if chosen is not None and size not in chosen:
-        pytest.skip(f"COLLECTIVES_TEST_WORLD_SIZES={os.environ['COLLECTIVES_TEST_WORLD_SIZES']}")
-    env = {"COLLECTIVES_PURE_PYTHON": "1"}
-    _passes(path, size, run_spmd(path, size, timeout=_launch_timeout(240), env=env), request)
-
-
 def _passes(path: Path, size: int, result, request) -> None:
     skipped = [o for o in result.ranks.get(0, []) if o["outcome"] == "skipped"]
     # read by tests/conftest.py's summary of inner outcomes

@@ -63,9 +63,8 @@ def comm_rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule(monkeypatch):
-    # calls that are not kept persistent requests: MPI completes them, with wrong results
-    monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "0")
+def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule():
+    # MPI completes calls whose ranks disagree on the op, with wrong results
     comm = col.init("mpi", timeout=20.0, check=False)
     x = np.ones(4)
     for _ in range(1, 10):  # in step: #1 to #8 are compared, #9 too as it finishes #8
@@ -86,76 +85,22 @@ def test_ranks_that_disagree_with_check_mode_off_are_caught_on_the_schedule(monk
     comm.close()
 
 
-def test_ranks_that_disagree_on_a_kept_call_time_out_and_get_no_result(monkeypatch):
-    # Where synchronous calls are blocking, a small one is a kept persistent request (MPICH;
-    # Open MPI where asked): ranks that disagree on its op made different requests, which
-    # never complete together. Nothing is written to the arrays passed: the request works on
-    # its own buffers.
-    monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "1024")
-    comm = col.init("mpi", timeout=2.0, check=False, mpi_blocking=True)
-    if comm._books.kept_bytes == 0:
-        comm.close()
-        pytest.skip("this MPI's calls are not kept persistent requests")
-    comm.all_reduce(np.ones(4))
-    out = np.full(4, 5.0)
-    with pytest.raises(col.CollectivesError) as info:
-        comm.all_reduce(np.ones(4), op="sum" if comm.rank == 0 else "max", out=out)
-    np.testing.assert_array_equal(out, 5.0)
-    if isinstance(info.value, col.CollectiveTimeoutError):  # not told by the other rank first
-        assert "different arguments (shape, dtype, root, op), or some synchronously" in str(
-            info.value
-        )
-    comm.close()
-
-
-def test_ranks_that_mix_the_forms_of_a_kept_call_raise_and_get_no_result(monkeypatch):
-    # By default (MPICH; Open MPI where asked) a small synchronous call is a kept persistent
-    # request, which MPI matches with no other form of the call: a rank calling synchronously
-    # and one with async_op=True both raise within the timeout. The kept call writes nothing
-    # to its arrays (the other's may hold what MPI began with: a failed call's are undefined).
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("mpi_blocking", [None, True, False])
+def test_ranks_may_mix_the_forms_of_a_call(monkeypatch, mpi_blocking, check):
+    # Which MPI call a rank makes depends on the communicator's settings only, never on
+    # async_op or a group: ranks that mix them meet in the same call, in every setting.
     monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING", raising=False)
-    monkeypatch.setenv("COLLECTIVES_MPI_PERSISTENT", "1024")
-    comm = col.init("mpi", timeout=2.0)
-    if comm._books.kept_bytes == 0:
-        comm.close()
-        pytest.skip("this MPI's calls are not kept persistent requests")
-    comm.all_reduce(np.ones(4))
-    out = np.full(4, 5.0)
-    start = time.monotonic()
-    with pytest.raises(col.CollectivesError):
-        if comm.rank == 0:
-            comm.all_reduce(np.ones(4), out=out)
-        else:
-            comm.all_reduce(np.ones(4), out=out, async_op=True).wait()
-    assert time.monotonic() - start < 10
-    if comm.rank == 0:
-        np.testing.assert_array_equal(out, 5.0)
-    comm.close()
-
-
-@pytest.mark.parametrize("mpi_blocking", [None, False])
-def test_check_mode_names_ranks_that_mix_the_forms_of_a_call(monkeypatch, mpi_blocking):
-    # By default MPI matches no two forms of a synchronous call (blocking, or kept): check
-    # mode compares the form too. Told non-blocking (mpi_blocking=False), ranks may mix them.
-    monkeypatch.delenv("COLLECTIVES_MPI_BLOCKING", raising=False)
-    monkeypatch.delenv("COLLECTIVES_MPI_PERSISTENT", raising=False)
-    comm = col.init("mpi", timeout=10.0, check=True, mpi_blocking=mpi_blocking)
-    x = np.ones(4)
-
-    def mixed() -> None:
+    comm = col.init("mpi", timeout=10.0, check=check, mpi_blocking=mpi_blocking)
+    for nbytes in (8, 4096, 1 << 20):
+        x = np.ones(nbytes // 8)
         if comm.rank == 0:
             comm.all_reduce(x)
-        else:
+        elif comm.rank == 1:
             with comm.group():
                 comm.all_reduce(x)
-
-    if comm._books.blocking or comm._books.kept_bytes > 0:
-        with pytest.raises(col.CollectiveMismatchError) as info:
-            mixed()
-        assert "form differs (rank 0: synchronous, rank 1: async_op=True)" in str(info.value)
-        np.testing.assert_array_equal(x, 1.0)  # caught before the call was made
-    else:
-        mixed()
+        else:
+            comm.all_reduce(x, async_op=True).wait()
         np.testing.assert_array_equal(x, comm.size)
     comm.close()
 

@@ -1,5 +1,5 @@
-"""Synchronous collectives as blocking MPI calls (``init(mpi_blocking=True)``, the default
-with Open MPI and Intel MPI), against NumPy references; each form either way."""
+"""Collectives as blocking MPI calls (``init(mpi_blocking=True)``, the default with Open MPI
+and Intel MPI), against NumPy references; each form either way."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import collectives as col
 
-pytestmark = pytest.mark.numpy_only("the direct path takes NumPy arrays")
+pytestmark = pytest.mark.numpy_only("the MPI backend's own setting")
 WORLD_SIZES = (1, 2, 3)
 
 
@@ -20,7 +20,12 @@ def comm(request):
 
 
 def test_the_communicator_says_which_calls_it_makes(comm):
-    assert ("as blocking MPI calls" in comm.call_path) == comm._impl.blocking
+    blocking = "blocking MPI collectives" in comm.call_path
+    assert blocking != ("non-blocking MPI calls" in comm.call_path)
+    # an async call of a blocking communicator has completed when it returns
+    work = comm.all_reduce(np.ones(2), async_op=True)
+    assert work.is_completed() or not blocking
+    work.wait()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "uint8"])

@@ -156,11 +156,6 @@ def test_a_dropped_work_keeps_its_arrays(comm):
     gc.collect()
     in_flight = comm._impl.in_flight
     assert [p for p in in_flight if p.arrays is not None], "its arrays were dropped"
-    # the direct path's Works are held by the books until MPI has finished with them too
-    dropped = comm.all_reduce(np.ones(1), async_op=True)
-    if comm._direct is not None:
-        assert dropped in comm._books.in_flight or dropped.is_completed()
-    del dropped
     for _ in range(2 * _mpi._REAP_AT):
         comm.all_reduce(np.ones(1), async_op=True)
     comm.barrier()
@@ -168,8 +163,6 @@ def test_a_dropped_work_keeps_its_arrays(comm):
     while in_flight and time.monotonic() < deadline:
         comm._impl._reap()
     assert not in_flight, "calls that MPI finished are still held"
-    if comm._direct is not None:  # looked for once their number has doubled
-        assert len(comm._books.in_flight) < 2 * _mpi._REAP_AT
 
 
 def test_a_call_unfinished_at_abort_keeps_its_arrays_and_its_communicator(comm):

@@ -336,7 +336,7 @@ def test_reduce_scatter(comm, xp):
 def test_reduce_scatter_of_slots_large_enough_to_be_given_counts(comm, xp):
     # from COUNTED_FROM bytes a rank, MPICH's non-blocking and Open MPI's blocking calls are
     # made with each rank's count (MPI_(I)reduce_scatter); below, and elsewhere, without
-    from collectives._direct import COUNTED_FROM
+    from collectives._mpi import COUNTED_FROM
 
     size, rank = comm.size, comm.rank
     for count in (COUNTED_FROM // 4 - 1, COUNTED_FROM // 4):

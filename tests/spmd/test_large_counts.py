@@ -36,9 +36,6 @@ def parts_comm(monkeypatch, backend):
     if comm.backend != "mpi":
         comm.close()
         pytest.skip("the parts are the MPI backend's")
-    # the direct path's bound is C's own (2**31 - 1 elements), not the lowered one: without
-    # it every call goes the backend's way, in parts
-    comm._stop_direct_path()
     yield comm
     comm.close()
 

@@ -1,7 +1,7 @@
 """Max and min give the same bits on every rank (``collectives._minmax``): NaN placed
-differently on each rank, +0.0 against -0.0, every path of the MPI backend (the direct path
-in C, kept persistent requests, the general path, async, in place, the two-rank exchange of
-reduce_scatter, bfloat16 and float16 reduced through float32, the hierarchical view).
+differently on each rank, +0.0 against -0.0, every form of the MPI backend's calls (blocking
+and not, async, in place, the two-rank exchange of reduce_scatter, bfloat16 and float16
+reduced through float32, the hierarchical view).
 
 Each result is compared byte for byte across ranks (every rank's bytes gathered with mpi4py)
 and against ``numpy.maximum.reduce`` / ``numpy.minimum.reduce`` over the ranks' inputs, with
@@ -92,8 +92,7 @@ def _done(result, async_op: bool):
 
 
 DTYPES = ["float32", "float64", "float16", "bfloat16"]
-#: 8 elements: a kept persistent request on MPICH, combined on Python floats; 40,000: a
-#: non-blocking or blocking call, and the two-rank exchange of reduce_scatter
+#: 8 elements and 40,000: small and large calls, and the two-rank exchange of reduce_scatter
 COUNTS = [8, 40_000]
 
 

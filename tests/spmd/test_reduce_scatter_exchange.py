@@ -1,8 +1,7 @@
-"""Two ranks' reduce_scatter as one exchange (``collectives._direct.EXCHANGES``): each rank
-sends the part the other keeps and reduces what it gets into its own. The exchange is
-point-to-point under a tag of its own, so it must never meet a user's message, and both
-paths (the direct one in C, the backend's general one) must make it, so that ranks meet
-whichever path each takes.
+"""Two ranks' reduce_scatter as one exchange (``MpiBackend._exchange``): each rank sends the
+part the other keeps and reduces what it gets into its own. The exchange is point-to-point
+under a tag of its own, so it must never meet a user's message, and every rank must make it
+whatever kind of array it passes, so that ranks meet.
 """
 
 from __future__ import annotations
@@ -12,14 +11,14 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives import _direct
+from collectives import _mpi
 
 WORLD_SIZES = (2,)
 SPMD_TIMEOUT = 120
 
 
 class Tagged(np.ndarray):
-    """A NumPy array the direct path does not take (another type): the general path's."""
+    """A NumPy array of another type (a subclass), on one rank only."""
 
 
 @pytest.fixture
@@ -40,9 +39,9 @@ def _finish(result, async_op):
 
 def test_an_mpi_4_library_makes_the_exchange():
     # mpi4py 4 and an MPI 4.0 library (MPI_Isendrecv, MPI_Reduce_local): all three in CI
-    if not _direct.SENDRECV_POSTED:
-        pytest.skip("an MPI before 4.0 (no MPI_Isendrecv): MPI's reduce_scatter is made")
-    assert _direct.EXCHANGES
+    if not hasattr(MPI.Comm, "Isendrecv"):
+        pytest.skip("mpi4py before 4.0 (no Isendrecv): MPI's reduce_scatter is made")
+    assert _mpi.library().sendrecv_posted
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -51,7 +50,7 @@ def test_the_exchange_never_meets_a_users_message(comm, async_op, in_place):
     # rank 0 sends rank 1 a message of the very size of the part rank 1 gets in the
     # exchange, before the reduce_scatter; rank 1 receives it only after: under the tag of
     # send/recv, rank 1's exchange would take rank 0's message instead
-    count = 40_000  # 160 KB a rank: above every kept size
+    count = 40_000  # 160 KB a rank
     rank = comm.rank
     stack = _inputs(count)
     x = stack[rank].copy()
@@ -69,12 +68,10 @@ def test_the_exchange_never_meets_a_users_message(comm, async_op, in_place):
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("general_rank", [0, 1])
-def test_ranks_meet_in_the_exchange_whichever_path_each_takes(comm, async_op, general_rank):
-    # one rank's x is of a type that only the general path takes; sizes from just above the
-    # largest kept call (a kept call is a persistent collective: ranks must make it alike)
+def test_ranks_meet_in_the_exchange_whatever_arrays_each_passes(comm, async_op, general_rank):
+    # one rank's x is of another type (a subclass), at small and large sizes
     rank = comm.rank
-    smallest = comm._books.kept_bytes // 4 + 1
-    for count in (smallest, smallest + 1, 70_000):
+    for count in (1, 2, 257, 70_000):
         for op, dtype in (("sum", np.float32), ("max", np.int64), ("avg", np.float64)):
             stack = _inputs(count, dtype)
             reduced = {"sum": np.add, "max": np.maximum, "avg": np.add}[op](

@@ -317,7 +317,7 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
 
 
 @pytest.mark.numpy_only(reason="the direct path's Work, on NumPy arrays")
-def test_direct_works_that_outlast_their_polls_are_waited_on_in_any_order():
+def test_works_that_outlast_their_polls_are_waited_on_in_any_order():
     comm = col.init("mpi", timeout=30.0, mpi_blocking=False)
     for _ in range(EVERY_CALL_UNTIL):  # past the calls whose numbers are all compared
         comm.barrier()
@@ -328,12 +328,12 @@ def test_direct_works_that_outlast_their_polls_are_waited_on_in_any_order():
         time.sleep(0.1)
     first = comm.all_reduce(x, async_op=True)
     second = comm.broadcast(y, root=late, async_op=True)
-    # the later call first: each outlasts its poll on the others and is handed to the
-    # backend in its own place in the flight recorder
+    # the later call first: each outlasts its poll on the others, in its own place in the
+    # flight recorder
     assert second.wait() is y and first.wait() is x
     np.testing.assert_array_equal(x, sum(range(1, comm.size + 1)))
     np.testing.assert_array_equal(y, late)
-    assert first.is_completed() and second.is_completed() and not comm._books.in_flight
+    assert first.is_completed() and second.is_completed() and not comm._impl.in_flight
     record = comm.flight_record()[-2:]
     assert [(c["call"], c["state"]) for c in record] == [
         ("all_reduce", "completed"),
