@@ -8,10 +8,13 @@ more than half its timeout (nothing is done on the other calls, so that they cos
 - **All or nothing.** A rank that declares a communicator failed (a timeout, an MPI or NCCL
   error) sends a short notice over MPI to every other rank (on a private duplicate
   communicator, so across nodes too), which each rank looks for with ``MPI_Iprobe`` at its
-  next verified call and in every wait that lasts (:meth:`Pending._waited`), and then raises ``CommunicatorStateError`` naming the first failure and its rank. A rank that arrives
-  late at a call the others failed comes to it after more than the timeout without a call on
-  this communicator (the others waited that long for it), so its call is verified, and refused
-  before it is posted: it never completes a call that the others failed.
+  next verified call and in every wait that lasts (:meth:`Pending._waited`), and then raises
+  the class of the first failure (the notice carries it: a timeout is a
+  ``CollectiveTimeoutError`` on every rank, :mod:`._errors`), naming that failure and its
+  rank. A rank that arrives late at a call the others failed comes to it after more than the
+  timeout without a call on this communicator (the others waited that long for it), so its
+  call is verified, and refused before it is posted: it never completes a call that the
+  others failed.
 - **Mismatches caught by default.** With check mode off, collectives #1 to #8 and then #16,
   #32, ..., #1024 and every 1024th after are compared across ranks (the same numbers on every
   rank). The comparison overlaps the call: its all-reduce of fingerprints (check mode's, over
@@ -35,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._check import Checker
-from ._errors import CollectiveMismatchError, CollectivesError
+from ._errors import CollectiveMismatchError, CollectivesError, event_class
 
 EVERY_CALL_UNTIL = 8  # the first collectives, where a program's mistakes show first
 PERIOD = 1024  # then powers of two up to this, then every PERIOD-th
@@ -69,7 +72,9 @@ def scheduled(nth: int) -> bool:
 
 
 class FailureNotice:
-    """The first "I declared it failed" of any other rank, looked for with ``MPI_Iprobe``.
+    """The first "I declared it failed" of any other rank, looked for with ``MPI_Iprobe``:
+    the communicator's id, the name of the error's class (:func:`._errors.event_name`), a
+    colon, and the text.
 
     No receive stays posted: a standing receive from any source makes MPICH poll every
     network on each progress call, which slowed every 8-byte all_reduce by about a tenth.
@@ -87,14 +92,16 @@ class FailureNotice:
             self.mpi.Bcast(drawn, root=0)
             self.id = int(drawn[0])
         self.sent: list[MPI.Request] = []
-        self.received: str | None = None
+        self.received: tuple[type[CollectivesError], str] | None = None
         self._data = bytearray()
 
-    def announce(self, text: str) -> None:
-        """Tell every other rank (no wait: a small message, sent eagerly)."""
+    def announce(self, kind: str, text: str) -> None:
+        """Tell every other rank that the communicator failed with an error of class ``kind``
+        (a name of :mod:`._errors`), saying ``text`` (no wait: a small message, sent eagerly)."""
         if self.size == 1 or self.sent or self.mpi == MPI.COMM_NULL:
             return
-        data = self.id.to_bytes(8, "little") + text.encode()[: _NOTICE_BYTES - 8]
+        body = f"{kind}:{text}".encode()
+        data = self.id.to_bytes(8, "little") + body[: _NOTICE_BYTES - 8]
         self._data = bytearray(data.ljust(_NOTICE_BYTES, b"\0"))
         self.sent = [
             self.mpi.Isend([self._data, MPI.BYTE], peer, _TAG)
@@ -102,8 +109,9 @@ class FailureNotice:
             if peer != self.rank
         ]
 
-    def failure(self) -> str | None:
-        """The notice another rank sent, once it has arrived; else None."""
+    def failure(self) -> tuple[type[CollectivesError], str] | None:
+        """The class and text of the notice another rank sent, once it has arrived; else
+        None."""
         # Twice: Intel MPI's first probe may only progress an arrived notice in (measured).
         for _ in range(2):
             if self.received is not None or self.mpi == MPI.COMM_NULL:
@@ -112,7 +120,9 @@ class FailureNotice:
                 buffer = bytearray(_NOTICE_BYTES)
                 self.mpi.Recv([buffer, MPI.BYTE], self._status.Get_source(), _TAG)
                 if int.from_bytes(buffer[:8], "little") == self.id:  # else for a closed one
-                    self.received = buffer[8:].rstrip(b"\0").decode(errors="replace")
+                    body = buffer[8:].rstrip(b"\0").decode(errors="replace")
+                    kind, _, text = body.partition(":")
+                    self.received = (event_class(kind), text)
                     break
         return self.received
 
@@ -212,11 +222,11 @@ class Guard:
             "it is made)"
         )
 
-    def failure(self) -> str | None:
+    def failure(self) -> tuple[type[CollectivesError], str] | None:
         return self.notice.failure()
 
-    def announce(self, text: str) -> None:
-        self.notice.announce(text)
+    def announce(self, kind: str, text: str) -> None:
+        self.notice.announce(kind, text)
 
     def close(self, failed: bool = False) -> None:
         self.notice.close(failed)

@@ -27,6 +27,7 @@ from ._errors import (
     CollectiveTimeoutError,
     CommunicatorStateError,
     InvalidArgumentError,
+    event_name,
 )
 from ._handshake import arrive
 from ._progress import ProgressBoard
@@ -157,15 +158,17 @@ class Lifecycle:
     def leaving(self, how: str) -> None:
         """At exit, while other ranks have not all reached it (:mod:`._exit`): tell them that
         this rank left; their waits on this communicator then raise
-        ``CommunicatorStateError`` naming it. Local: one small message to each rank."""
+        ``CommunicatorStateError`` naming it (a rank gone is the communicator's state).
+        Local: one small message to each rank."""
         guard = self._books.checker
         if self._unusable is not None or guard is None:
             return
         nth = self._books.seq - self._books.p2p
         guard.announce(
+            CommunicatorStateError.__name__,
             f"rank {self.rank} (world rank {self._world_ranks[self.rank]}) left the program "
             f"({how}) after collective #{nth} of this communicator: no later collective on it "
-            "can complete"
+            "can complete",
         )
 
     def stuck_past(self) -> str | None:
@@ -231,16 +234,19 @@ class Lifecycle:
             self._die(e)
 
     def check_peers(self, call: str) -> None:
-        """Raise ``CommunicatorStateError`` (the communicator dead) if another rank declared
-        it failed (:mod:`._guard`); a wait that lasts calls it."""
+        """If another rank declared the communicator failed (:mod:`._guard`), raise the class
+        of its error, naming it (``CollectiveTimeoutError`` for a timeout: one class per
+        event, :mod:`._errors`), the communicator dead; a wait that lasts calls it."""
         guard = self._books.checker
-        text = None if guard is None or self._unusable is not None else guard.failure()
-        if text is not None:
-            self._die(CommunicatorStateError(f"{call}: communicator is unusable: {text}"), False)
+        notice = None if guard is None or self._unusable is not None else guard.failure()
+        if notice is not None:
+            kind, text = notice
+            self._die(kind(f"{call}: communicator is unusable: {text}"), False)
 
     def _die(self, error: CollectivesError, announce: bool = True) -> None:
         """Mark the communicator dead after a timeout, abort the backend, raise ``error``;
-        tell the other ranks unless they told this one."""
+        tell the other ranks unless they told this one (the notice carries the class of
+        ``error``, which they raise)."""
         if self._unusable is None:
             self._unusable = error
             self._failed = True
@@ -248,7 +254,10 @@ class Lifecycle:
             guard = self._books.checker
             if announce and guard is not None:
                 world = self._world_ranks[self.rank]
-                guard.announce(f"rank {self.rank} (world rank {world}) declared it failed: {error}")
+                guard.announce(
+                    event_name(error),
+                    f"rank {self.rank} (world rank {world}) declared it failed: {error}",
+                )
             self._dump_flight_record()
             self._impl.abort()
         raise error

@@ -76,7 +76,7 @@ class Pending:
         """For host-side waits that poll, every 256 polls: past ``comm.yield_after`` seconds
         yield the core, past 1 s sleep between polls, past the timeout raise
         ``CollectiveTimeoutError`` (the front end then declares the communicator dead); once
-        another rank has declared it failed, raise ``CommunicatorStateError`` naming that.
+        another rank has declared it failed, raise the class of that rank's error, naming it.
         Whether it is past ``yield_after`` (the polls between may yield the core too)."""
         waited = time.monotonic() - self.start
         if waited > comm.yield_after:

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import collectives as col
-from collectives import _dtypes, _mpi, _ops
+from collectives import _dtypes, _errors, _mpi, _ops
 from collectives._arrays import unwrap
 
 SUPPORTED = (
@@ -176,3 +176,26 @@ def test_error_hierarchy():
     ):
         assert issubclass(cls, col.CollectivesError)
     assert issubclass(col.CollectiveTimeoutError, TimeoutError)
+
+
+def test_a_failure_notice_carries_the_class_of_the_event():
+    # what a rank told of another's failure raises: that rank's class (one class per event)
+    public = (
+        col.CollectiveTimeoutError,
+        col.CollectiveMismatchError,
+        col.CommunicatorStateError,
+        col.InvalidArgumentError,
+        col.BackendUnavailableError,
+        col.CollectivesError,
+    )
+    for cls in public:
+        assert _errors.event_class(_errors.event_name(cls("x"))) is cls
+
+    class Private(col.CollectiveTimeoutError):
+        pass
+
+    assert _errors.event_name(Private("x")) == "CollectiveTimeoutError"  # the public class
+    assert _errors.event_name(KeyError(1)) == "CommunicatorStateError"
+    assert _errors.event_class("NoSuchError") is col.CommunicatorStateError
+    # a timeout is no state error: ``except CommunicatorStateError`` never depends on timing
+    assert not issubclass(col.CollectiveTimeoutError, col.CommunicatorStateError)
