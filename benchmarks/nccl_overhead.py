@@ -5,7 +5,10 @@ Times an all_reduce of ``--count`` float32 elements through a communicator on th
 and the same stream, in interleaved rounds (so machine noise hits both), and prints the
 medians and the time our call adds to the raw one ("added"), and to the raw one with the
 same CUDA event calls our path makes around it ("over events": the library's own Python,
-apart from what CuPy and CUDA cost). Only the issuing is timed: the stream is
+apart from what CuPy and CUDA cost), in wall time and in the calling thread's CPU time
+("cpu": what the host thread itself spent, which leaves out the time it waited for the
+interpreter lock, as it must on the emulated CuPy, whose streams are Python threads). Only
+the issuing is timed: the stream is
 drained after each round, outside the timing. At one rank no peer is waited for, so the
 difference is the library's own cost on the host.
 
@@ -26,14 +29,17 @@ from mpi4py import MPI
 import collectives as col
 
 
-def _per_call_us(fn: Callable[[], Any], iterations: int, drain: Callable[[], None]) -> float:
+def _per_call_us(
+    fn: Callable[[], Any], iterations: int, drain: Callable[[], None]
+) -> tuple[float, float]:
+    """Wall time and the calling thread's CPU time per call, in us."""
     drain()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     for _ in range(iterations):
         fn()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
     drain()
-    return elapsed / iterations * 1e6
+    return elapsed / iterations * 1e6, cpu / iterations * 1e6
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,12 +78,16 @@ def main(argv: list[str] | None = None) -> None:
         "all_reduce, async_op=True": lambda: comm.all_reduce(x, async_op=True),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpu_times: dict[str, list[float]] = {name: [] for name in cases}
     with cupy.cuda.Device(comm.device):
         for _ in range(args.rounds):
             for name, fn in cases.items():
-                times[name].append(_per_call_us(fn, args.iterations, stream.synchronize))
+                wall, cpu = _per_call_us(fn, args.iterations, stream.synchronize)
+                times[name].append(wall)
+                cpu_times[name].append(cpu)
     if world.rank == 0:
         medians = {name: statistics.median(t) for name, t in times.items()}
+        cpu = {name: statistics.median(t) for name, t in cpu_times.items()}
         emulated = " (emulated CuPy: the Python path, not a GPU)" if getattr(
             cupy, "EMULATED", False
         ) else ""  # fmt: skip
@@ -85,11 +95,18 @@ def main(argv: list[str] | None = None) -> None:
             f"# {world.size} rank(s), {4 * args.count}-byte float32 all_reduce{emulated}, "
             f"median of {args.rounds} rounds x {args.iterations} calls"
         )
-        print(f"{'call':<32}{'us/call':>10}{'added':>10}{'over events':>13}")
+        print(
+            f"{'call':<32}{'us/call':>10}{'added':>10}{'over events':>13}"
+            f"{'cpu us/call':>13}{'cpu over events':>17}"
+        )
         base = medians["raw cupy.cuda.nccl allReduce"]
         ordered = medians["raw, with the same events"]
         for name, value in medians.items():
-            print(f"{name:<32}{value:>10.2f}{value - base:>+10.2f}{value - ordered:>+13.2f}")
+            extra = cpu[name] - cpu["raw, with the same events"]
+            print(
+                f"{name:<32}{value:>10.2f}{value - base:>+10.2f}{value - ordered:>+13.2f}"
+                f"{cpu[name]:>13.2f}{extra:>+17.2f}"
+            )
     raw.destroy()
     comm.close()
 

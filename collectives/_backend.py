@@ -220,7 +220,8 @@ class Backend(Protocol):
 
 class Stager(Protocol):
     """Runs a verb, on host copies where its arrays are on a device (the MPI backend's,
-    where not CUDA-aware): the front end hands it every call."""
+    where not CUDA-aware): the front end hands it every call whose arrays are not all
+    NumPy arrays (or None)."""
 
     def run(self, verb: Verb, x: Any, out: Any) -> Pending: ...
 

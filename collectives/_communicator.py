@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _fork, _timeline
@@ -47,6 +48,8 @@ from ._progress import INSIDE, ProgressBoard
 from ._work import Work
 
 RECORDER_LENGTH = 64
+#: the types of the arrays a call may pass with nothing to stage through the host
+_HOST = frozenset({np.ndarray, type(None)})
 _get_ident = threading.get_ident
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
@@ -157,7 +160,7 @@ class Communicator(Grouping):
         rop = BY_NAME.get(op) if type(op) is str else None
         op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
         out = x if out is None else self._out("all_reduce", out, x, name, x.shape)
-        result = as_given(out, name, *given)
+        result = out if name != "bfloat16" else as_given(out, name, *given)
         impl = self._impl
         return self._run(
             "all_reduce",
@@ -460,31 +463,36 @@ class Communicator(Grouping):
             self._own(call)
         if self._check_arrays is not None:
             self._check_arrays(call, x, out)
-        check_writeable(call, x, out)
+        if type(out) is np.ndarray and not out.flags.writeable:
+            check_writeable(call, x, out)
         books = self._books
-        books.take(call)
+        if books.busy:
+            books.take(call)  # raises
+        books.busy = True
         try:
-            array = x if x is not None else out
-            books.number(call, array, name, op, root)
-            stager = self._stager
-            pending = verb(x, out) if stager is None else stager.run(verb, x, out)
+            books.number(call, x if x is not None else out, name, op, root)
+            if self._stager is None or (type(x) in _HOST and type(out) in _HOST):
+                pending = verb(x, out)
+            else:
+                pending = self._stager.run(verb, x, out)
             pending.info = books.current
             if self._track:
                 pending.track = self._track
             self.recorder.append(pending)
             if self._group is not None:
                 self._group.append(pending)
-            elif not async_op:
+            elif async_op:
+                return Work(self, pending, result)
+            else:
                 pending.wait(self)
-                return result
-            return Work(self, pending, result) if async_op else result
+            return result
         except CollectivesError as e:
             self._fatal(e)
             raise
         except MPI.Exception as e:
             self._mpi_error(call, e)
         finally:
-            books.give()
+            books.busy = False
 
     # The argument checks (:mod:`._args`), with this communicator's rank and size.
     _op = staticmethod(checked_op)

@@ -49,7 +49,6 @@ from ._work import Pending
 
 #: calls in flight on one communicator before those done are looked for
 _REAP_AT = 64
-_HOST = frozenset({np.ndarray, type(None)})  # array types that are never staged
 
 
 def _decode(x: Any, name: str) -> Any:
@@ -221,7 +220,8 @@ class MpiBackend:
             return self._in_parts(lambda x, out: self.all_reduce(x, out, name, op), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
+        then = None if op is not ReduceOp.AVG else self._avg(op, out)
+        return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=then)
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
         if name in UPCAST:
@@ -464,12 +464,8 @@ class MpiBackend:
 
     def run(self, verb: Verb, x: Any, out: Any) -> Pending:
         """``verb(x, out)``, staged (:meth:`staged`) where an array is CuPy's (the stager's
-        one call, which the front end makes for every general-path call)."""
-        if (
-            "cupy" in sys.modules  # no CuPy imported: no device arrays to stage
-            and (type(x) not in _HOST or type(out) not in _HOST)
-            and (is_device_array(x) or is_device_array(out))
-        ):
+        one call, which the front end makes where an array is not NumPy's)."""
+        if "cupy" in sys.modules and (is_device_array(x) or is_device_array(out)):
             return self.staged(verb, x, out)
         return verb(x, out)
 
