@@ -59,6 +59,7 @@ from ._mpi_base import (
     FAST_TYPE_OBJECTS,
     YIELD_EVERY,
     library_path,
+    mpi_tables,
 )
 from ._ops import ReduceOp
 
@@ -395,10 +396,19 @@ def handle(obj: Any) -> Any:
     return MPI._handleof(obj) if COMPILED else obj
 
 
-#: native-order dtype -> (name, MPI datatype)
-FAST_TYPE = {dtype: (name, handle(t)) for dtype, (name, t) in FAST_TYPE_OBJECTS.items()}
-#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op)
-FAST_OP = {key: (op, handle(mpi_op)) for key, (op, mpi_op) in FAST_OP_OBJECTS.items()}
+#: native-order dtype -> (name, MPI datatype); filled by :func:`fill_tables`
+FAST_TYPE: dict = {}
+#: the op as users pass it ("sum" or ReduceOp.SUM) -> (ReduceOp, MPI op); filled by
+#: :func:`fill_tables`
+FAST_OP: dict = {}
+
+
+def fill_tables() -> None:
+    """Fill :data:`FAST_TYPE` and :data:`FAST_OP` (in place: the C module holds them) from
+    ``_mpi_base.mpi_tables()``: by the first MPI backend, not at import (they take MPI calls)."""
+    mpi_tables()
+    FAST_TYPE.update((dtype, (name, handle(t))) for dtype, (name, t) in FAST_TYPE_OBJECTS.items())
+    FAST_OP.update((key, (op, handle(mpi_op))) for key, (op, mpi_op) in FAST_OP_OBJECTS.items())
 
 
 def set_up(module: Any, addresses: list[int]) -> None:

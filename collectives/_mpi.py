@@ -102,6 +102,7 @@ class MpiBackend:
     def __init__(
         self, mpi_comm: MPI.Comm, cuda_aware: bool | None = None, blocking: bool | None = None
     ):
+        ready()
         self.comm = mpi_comm
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
@@ -467,7 +468,19 @@ class MpiBackend:
 _KEEPING: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
 
 
-@atexit.register
+#: whether :func:`ready` has registered the exit handler below
+_READY: list[bool] = []
+
+
+def ready() -> None:
+    """What the MPI backend needs, made by the first one (or ``init``), not at import: the
+    tables (:func:`._direct.fill_tables`, which take MPI calls) and the exit handler below."""
+    _direct.fill_tables()
+    if not _READY:
+        _READY.append(True)
+        atexit.register(_let_go_all_kept)
+
+
 def _let_go_all_kept() -> None:
     if _fork.forked():  # the requests are the parent's
         return
