@@ -84,6 +84,13 @@ def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callab
 MAX_COUNT = 2**31 - 1
 
 
+def _in_float32(name: str, op: ReduceOp | None) -> bool:
+    """Whether a reduction of dtype ``name`` runs on float32 copies: those this MPI cannot
+    reduce (UPCAST), and float16's AVG on every MPI, whose sum would overflow (past 65504)
+    where the mean does not, as NCCL's avg (which divides before summing) never does."""
+    return name in UPCAST or (op is ReduceOp.AVG and name == "float16")
+
+
 class _AllOf:
     """The request of a call made in parts: complete once every part is."""
 
@@ -183,7 +190,7 @@ class MpiBackend:
     # Each verb takes what it needs (see Backend) and gives an MpiPending.
 
     def all_reduce(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
-        if name in UPCAST:
+        if _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.all_reduce(x, out, name, op), x, out, name
             )
@@ -194,7 +201,7 @@ class MpiBackend:
         return self._post(self.comm.Iallreduce, send, [out, t], MPI_OP[op], then=self._avg(op, out))
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
-        if name in UPCAST:
+        if _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce(x, out, name, op, root), x, out, name
             )
@@ -222,7 +229,7 @@ class MpiBackend:
         return self._post(self.comm.Iallgather, send, [out, t])
 
     def reduce_scatter(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
-        if name in UPCAST:
+        if _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce_scatter(x, out, name, op), x, out, name
             )
