@@ -16,9 +16,17 @@ The layers above (``ddp``, ``pipeline``) use only what is exported here: ``comm.
 backend's array module), ``array_module``, ``to_array``, ``DTYPES``, the bfloat16 rounding
 (``float32_to_bfloat16``, ``bfloat16_to_float32``) and the error classes, raised as
 ``InvalidArgumentError(f"{call}: ...")``.
+
+Importing it makes no MPI call, replaces no hook (``sys.excepthook``, ``sys.exit``) and
+registers no exit handler: the first ``init()`` does (``_init.py``: the MPI backend's tables,
+which take an MPI call and two MPI ops; the hooks of ``_abort.py`` and ``_exit.py``; the
+timeline). Two things happen at import all the same: ``from mpi4py import MPI`` initialises
+MPI (mpi4py's own default, which a program that imports mpi4py itself relies on), and
+``_fork.py`` registers its handler for a child forked from this process, which that
+initialised MPI needs from then on.
 """
 
-from ._abort import abort_on_exception, install_default
+from ._abort import abort_on_exception
 from ._arrays import BFloat16Array, array_module, as_bfloat16, to_array
 from ._communicator import Communicator
 from ._communicator_like import CommunicatorLike
@@ -37,8 +45,6 @@ from ._mesh import DeviceMesh
 from ._numerics import bfloat16_to_float32, float32_to_bfloat16
 from ._ops import ReduceOp
 from ._work import Work
-
-install_default()  # an uncaught exception on one rank of several ends the whole job
 
 __all__ = [
     "abort_on_exception",

@@ -2,8 +2,10 @@
 
 Without it, the other ranks would wait in their next collective until its timeout, and under
 Open MPI the raising rank itself would hang in ``MPI_Finalize``. torchrun and horovodrun end
-a job whose worker failed; this does the same. ``COLLECTIVES_ABORT_ON_EXCEPTION=0`` turns the
-default off, ``=1`` turns it on at any world size.
+a job whose worker failed; this does the same. The first ``init`` installs it
+(:func:`install_default`; importing collectives installs nothing):
+``COLLECTIVES_ABORT_ON_EXCEPTION=0`` turns that default off, ``=1`` turns it on at any world
+size.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ def abort_on_exception(exit_code: int = 1) -> None:
     """Make an uncaught exception on this rank print once and ``MPI_Abort`` the whole job;
     so do ``sys.exit(n)`` with ``n`` not 0 and leaving with a failed communicator (:mod:`._exit`).
 
-    On by default when the world has more than one rank (see :func:`install_default`);
-    calling it again changes nothing.
+    On by default, from the first ``init``, when the world has more than one rank (see
+    :func:`install_default`); calling it again changes nothing.
 
     Example:
         >>> import collectives as col
@@ -56,9 +58,17 @@ def abort_on_exception(exit_code: int = 1) -> None:
     install()  # sys.exit(n), and leaving with a failed communicator, end the job too
 
 
+#: whether :func:`install_default` has run (it decides once)
+_DEFAULT_DECIDED: list[bool] = []
+
+
 def install_default() -> None:
     """Install :func:`abort_on_exception` as ``COLLECTIVES_ABORT_ON_EXCEPTION`` says: ``0``
-    off, ``1`` on, unset on when ``MPI.COMM_WORLD`` has more than one rank."""
+    off, ``1`` on, unset on when ``MPI.COMM_WORLD`` has more than one rank. Called by every
+    ``init``, before anything else; only the first call decides."""
+    if _DEFAULT_DECIDED:
+        return
+    _DEFAULT_DECIDED.append(True)
     wanted = os.environ.get("COLLECTIVES_ABORT_ON_EXCEPTION", "")
     if wanted == "":
         if MPI.COMM_WORLD.Get_size() > 1:

@@ -15,6 +15,10 @@ run, ends the process with ``os._exit`` and the exit code Python would give: tha
 ``sys.exit(status)``, 1 after an uncaught exception, else 0 (``raise SystemExit(n)`` written
 out is not seen: it gives 0). ``os._exit`` in the child, as ``multiprocessing`` does, is
 unchanged.
+
+The fork handler is the one hook that importing collectives registers (every other waits for
+the first ``init``): it changes nothing in this process, and a child forked before any
+``init`` needs it already, since importing mpi4py initialised MPI.
 """
 
 from __future__ import annotations

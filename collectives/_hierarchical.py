@@ -27,9 +27,9 @@ from ._arrays import array_module, as_bfloat16, is_device_array, unwrap
 from ._communicator import Communicator
 from ._dtypes import FLOATING
 from ._errors import CommunicatorStateError, InvalidArgumentError
-from ._mpi import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from ._nccl_device import ordering_stream
 from ._nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
+from ._numerics import bfloat16_to_float32, divide_in_place, float32_copies, float32_to_bfloat16
 from ._ops import ReduceOp
 
 _CALL = "hierarchical"
@@ -272,7 +272,8 @@ class HierarchicalCommunicator:
         op = checked_op(call, op, name)
         out = x if out is None else checked_out(call, out, x, name, x.shape)
         self._check(call, x, out)
-        first, second, after = self._ops(op, name, out)
+        result, x, out, name, narrow = self._widened(op, name, x, out)
+        first, second, after = self._ops(op, name, out, narrow)
         n, slots, rows = x.size, self.layout.widest, self.layout.slots_per_rank
         chunk = -(-n // slots)
         if self._slot_rows is None and chunk * slots == n:  # the slots are x's parts, in order
@@ -307,7 +308,7 @@ class HierarchicalCommunicator:
         def back(a: bool) -> Any:
             return self.intra.all_gather(w(mine.reshape(-1)), out=w(dst), async_op=a)
 
-        return self._start([[inside], self._each_carrier(across), [back]], after, out, async_op)
+        return self._start([[inside], self._each_carrier(across), [back]], after, result, async_op)
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None, async_op: bool = False
@@ -325,7 +326,8 @@ class HierarchicalCommunicator:
         else:
             out = checked_slot_out(call, out, x, name, shape, self.rank, out_is_part=True)
         self._check(call, x, out)
-        first, second, after = self._ops(op, name, out)
+        result, x, out, name, narrow = self._widened(op, name, x, out)
+        first, second, after = self._ops(op, name, out, narrow)
         block, rows, nodes = math.prod(shape), self.layout.slots_per_rank, self.nodes
         blocks = x.reshape(self.size, block)
         if self._block_rows is not None:
@@ -350,7 +352,7 @@ class HierarchicalCommunicator:
             mine = out.reshape(block) if j == 0 else unused
             return carriers.reduce_scatter(w(partial[j]), second, out=w(mine), async_op=a)
 
-        return self._start([[inside], self._each_carrier(across)], after, out, async_op)
+        return self._start([[inside], self._each_carrier(across)], after, result, async_op)
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """As ``Communicator.all_gather``: all-gather across nodes (the blocks of the ranks
@@ -498,15 +500,22 @@ class HierarchicalCommunicator:
         self.parent.ensure_usable(call)
         self.parent.check_arrays(call, x, out)
 
-    def _ops(self, op: ReduceOp, name: str, out: Any) -> tuple[ReduceOp, ReduceOp, list]:
-        """The op of each step, and what follows the last. Floating avg on equal nodes
-        averages in each step: the mean of the node means, which cannot overflow where the
-        sum could. Integer avg, and any avg on unequal nodes, sums and divides once
-        (integers truncating as the flat call does)."""
+    def _ops(self, op: ReduceOp, name: str, out: Any, end: list) -> tuple[ReduceOp, ReduceOp, list]:
+        """The op of each step, and what follows the last (``end`` last). Floating avg on equal
+        nodes averages in each step: the mean of the node means, which cannot overflow where the
+        sum could. Integer avg, and any avg on unequal nodes, sums and divides once (integers
+        truncating as the flat call does; float16 in float32 copies, lest its sum overflow)."""
         if op is not ReduceOp.AVG or (name in FLOATING and self.layout.even):
-            return op, op, []
+            return op, op, end
         size = self.size
-        return ReduceOp.SUM, ReduceOp.SUM, [lambda: _divide(out, name, size)]
+        return ReduceOp.SUM, ReduceOp.SUM, [lambda: _divide(out, name, size), *end]
+
+    def _widened(self, op: ReduceOp, name: str, x: Any, out: Any) -> tuple:
+        """``out``, then the arrays, dtype and last step of the float32 copies that _ops names."""
+        if op is not ReduceOp.AVG or name != "float16" or self.layout.even:
+            return out, x, out, name, []
+        wide_x, wide_out, narrow = float32_copies(x, out)
+        return out, wide_x, wide_out, "float32", [narrow]
 
     def _index(self, like: Any, which: str) -> Any:
         """The index array ``which`` in ``like``'s module (made once per device)."""

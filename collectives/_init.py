@@ -7,7 +7,8 @@ import warnings
 
 from mpi4py import MPI
 
-from . import _exit
+from . import _exit, _mpi, _timeline
+from ._abort import install_default
 from ._backend import Backend
 from ._bootstrap import MpiBootstrap
 from ._communicator import Communicator
@@ -54,12 +55,15 @@ def init(
             with a non-blocking one.
 
     Each call returns an independent communicator (as ``MPI_Comm_dup``), every rank must call it.
+    The first call also does what importing collectives does not (:func:`_start`): from then
+    on an uncaught exception on one rank of several ends the whole job.
 
     Example:
         >>> import collectives as col
         >>> with col.init() as comm:
         ...     comm.all_reduce(x, op="avg")
     """
+    _start()
     if backend not in BACKENDS:
         raise InvalidArgumentError(
             f"init: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
@@ -119,6 +123,16 @@ def init(
             mpi_comm.Free()
             raise
     return Communicator(impl, mpi_comm, backend=backend, timeout=timeout, check=check, **extra)
+
+
+def _start() -> None:
+    """What importing collectives leaves to the first ``init`` (each step once): the MPI
+    backend's tables (``_mpi.ready``), the timeline, then the exception and exit hooks
+    (``_abort.install_default``). Exit handlers run last registered first: the exit barrier
+    of :mod:`._exit` runs before the timeline's."""
+    _mpi.ready()
+    _timeline.start()
+    install_default()
 
 
 class BackendFallbackWarning(UserWarning):

@@ -109,6 +109,18 @@ def _op(pick: np.ufunc, ties: np.ufunc) -> Callable[[Any, Any, MPI.Datatype], No
     return combine
 
 
-#: ``MPI_MAX`` and ``MPI_MIN`` with the same bits on every rank (above)
-MAX = MPI.Op.Create(_op(np.maximum, np.bitwise_and), commute=True)
-MIN = MPI.Op.Create(_op(np.minimum, np.bitwise_or), commute=True)
+#: the ops :func:`ops` made (max, min), once
+_OPS: list[MPI.Op] = []
+
+
+def ops() -> tuple[MPI.Op, MPI.Op]:
+    """``MPI_MAX`` and ``MPI_MIN`` with the same bits on every rank (above), made on the first
+    call (``_mpi_base.mpi_tables``), not at import: ``MPI_Op_create`` is an MPI call."""
+    if not _OPS:
+        _OPS.extend(
+            [
+                MPI.Op.Create(_op(np.maximum, np.bitwise_and), commute=True),
+                MPI.Op.Create(_op(np.minimum, np.bitwise_or), commute=True),
+            ]
+        )
+    return _OPS[0], _OPS[1]

@@ -40,6 +40,7 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
     blocking_by_default,
     library_path,
     mpi_cuda_aware,
+    mpi_tables,
 )
 from ._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from ._ops import ReduceOp
@@ -81,6 +82,13 @@ def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callab
 #: (Open MPI 5), so larger calls are made in parts (``MpiBackend._in_parts``, and for the
 #: verbs that are not element-wise, :mod:`._mpi_parts`)
 MAX_COUNT = 2**31 - 1
+
+
+def _in_float32(name: str, op: ReduceOp | None) -> bool:
+    """Whether a reduction of dtype ``name`` runs on float32 copies: those this MPI cannot
+    reduce (UPCAST), and float16's AVG on every MPI, whose sum would overflow (past 65504)
+    where the mean does not, as NCCL's avg (which divides before summing) never does."""
+    return name in UPCAST or (op is ReduceOp.AVG and name == "float16")
 
 
 class _AllOf:
@@ -160,6 +168,7 @@ class MpiBackend:
     def __init__(
         self, mpi_comm: MPI.Comm, cuda_aware: bool | None = None, blocking: bool | None = None
     ):
+        ready()
         self.comm = mpi_comm
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
@@ -212,7 +221,7 @@ class MpiBackend:
     # blocking form.
 
     def all_reduce(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
-        if name in UPCAST:
+        if _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.all_reduce(x, out, name, op), x, out, name
             )
@@ -224,7 +233,7 @@ class MpiBackend:
         return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=then)
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
-        if name in UPCAST:
+        if _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce(x, out, name, op, root), x, out, name
             )
@@ -252,7 +261,7 @@ class MpiBackend:
         return self._post(MPI.Comm.Iallgather, send, [out, t])
 
     def reduce_scatter(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
-        if name in UPCAST:
+        if _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce_scatter(x, out, name, op), x, out, name
             )
@@ -497,3 +506,9 @@ class MpiBackend:
     def abort(self) -> None:
         # What MPI has not finished keeps its arrays, and its communicator (see ``unfinished``).
         self.unfinished = abandon(self.in_flight) > 0 or self.unfinished
+
+
+def ready() -> None:
+    """What the MPI backend needs, made by the first one (or ``init``), not at import: the
+    tables (:func:`._mpi_base.mpi_tables`, which take MPI calls)."""
+    mpi_tables()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import threading
 import time
 from typing import Any, Callable
 
@@ -49,9 +50,8 @@ def _reduces_float16() -> bool:
     return bool((out == ones).all())
 
 
-_HAS_FLOAT16 = _reduces_float16()
-
-#: dtype name -> MPI datatype that moves (and, unless in UPCAST, reduces) it
+#: dtype name -> MPI datatype that moves (and, unless in UPCAST, reduces) it; float16's is
+#: set by :func:`mpi_tables`
 MPI_TYPE = {
     "int8": MPI.INT8_T,
     "uint8": MPI.UINT8_T,
@@ -59,7 +59,6 @@ MPI_TYPE = {
     "uint32": MPI.UINT32_T,
     "int64": MPI.INT64_T,
     "uint64": MPI.UINT64_T,
-    "float16": MPI.FLOAT16_T if _HAS_FLOAT16 else MPI.UINT16_T,
     "float32": MPI.FLOAT,
     "float64": MPI.DOUBLE,
     "bfloat16": MPI.UINT16_T,
@@ -67,20 +66,39 @@ MPI_TYPE = {
     "complex128": MPI.C_DOUBLE_COMPLEX,
 }
 
-#: dtypes this MPI cannot reduce natively: reduced in float32, then rounded back
-UPCAST = frozenset({"bfloat16"} if _HAS_FLOAT16 else {"bfloat16", "float16"})
+#: dtypes this MPI cannot reduce natively: reduced in float32, then rounded back (float16
+#: joins where this MPI cannot sum it: :func:`mpi_tables`)
+UPCAST: set[str] = {"bfloat16"}
 
 #: ReduceOp -> MPI op (AVG is a sum divided afterwards); keyed for the verbs' ``op``, which
 #: the front end has checked is a ReduceOp wherever the call reduces. Max and min are ours
-#: (:mod:`._minmax`): MPI's keep one operand or the other at a NaN or at +0.0 against -0.0,
-#: which gave ranks different bits
+#: (:mod:`._minmax`, set by :func:`mpi_tables`): MPI's keep one operand or the other at a
+#: NaN or at +0.0 against -0.0, which gave ranks different bits
 MPI_OP: dict[ReduceOp | None, MPI.Op] = {
     ReduceOp.SUM: MPI.SUM,
     ReduceOp.PROD: MPI.PROD,
-    ReduceOp.MAX: _minmax.MAX,
-    ReduceOp.MIN: _minmax.MIN,
     ReduceOp.AVG: MPI.SUM,
 }
+
+_TABLES_LOCK = threading.Lock()
+
+
+def mpi_tables() -> None:
+    """Complete the tables above, once: for the first MPI backend (``_mpi.ready``), never at
+    import, since whether this MPI sums float16 takes an MPI call and max and min are MPI ops
+    (:func:`._minmax.ops`). Every entry is in place before the done mark (max's op) is."""
+    if ReduceOp.MAX in MPI_OP:
+        return
+    with _TABLES_LOCK:
+        if ReduceOp.MAX in MPI_OP:
+            return
+        native = _reduces_float16()
+        MPI_TYPE["float16"] = MPI.FLOAT16_T if native else MPI.UINT16_T
+        if not native:
+            UPCAST.add("float16")
+        maximum, minimum = _minmax.ops()
+        MPI_OP[ReduceOp.MIN] = minimum
+        MPI_OP[ReduceOp.MAX] = maximum
 
 
 def mpi_cuda_aware() -> bool:

@@ -9,7 +9,7 @@ the payload are kept (rounding would carry a NaN's payload into the exponent).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ._arrays import array_module
 
@@ -62,3 +62,15 @@ def float32_to_bfloat16(values: Any, out: Any = None) -> Any:
     xp.copyto(rounded, high, where=flat != flat)
     out[...] = rounded.reshape(values.shape)
     return out
+
+
+def float32_copies(x: Any, out: Any) -> tuple[Any, Any, Callable[[], None]]:
+    """float32 copies of ``x`` and ``out`` (one copy where ``out`` is ``x``), and the step that
+    rounds the copy of ``out`` back into ``out``."""
+    wide_x = x.astype(array_module(x).float32)
+    wide_out = wide_x if out is x else out.astype(wide_x.dtype)
+
+    def narrow() -> None:
+        out[...] = wide_out
+
+    return wide_x, wide_out, narrow

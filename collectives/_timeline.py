@@ -1,4 +1,4 @@
-"""An opt-in Chrome-trace timeline: ``COLLECTIVES_TIMELINE=path`` before the job starts.
+"""An opt-in Chrome-trace timeline: ``COLLECTIVES_TIMELINE=path`` before the first ``init``.
 
 Each rank writes ``path.rank<r>.json`` at exit (one process per rank, one track per
 communicator, plus named tracks such as DDP's buckets); ``python -m collectives.timeline
@@ -75,8 +75,17 @@ class Timeline:
             json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, f)
 
 
-_ENV_PATH = os.environ.get("COLLECTIVES_TIMELINE")
-TIMELINE: Timeline | None = Timeline(_ENV_PATH) if _ENV_PATH else None
+#: the timeline being recorded, from the first ``init`` (:func:`start`), or None
+TIMELINE: Timeline | None = None
+
+
+def start() -> None:
+    """Start recording where ``COLLECTIVES_TIMELINE`` asks (once): by ``init``, not at
+    import, which must register no exit handler."""
+    global TIMELINE
+    path = os.environ.get("COLLECTIVES_TIMELINE")
+    if TIMELINE is None and path:
+        TIMELINE = Timeline(path)
 
 
 def span(track: str, name: str, start: float, end: float, **args: Any) -> None:

@@ -253,9 +253,10 @@ class DistributedDataParallel:
                 f"{_CALL}: params mix NumPy and CuPy arrays, expected one kind"
             )
         xp = modules.pop()
-        if self.comm.backend == "nccl" and xp is np:
+        if xp is np and self.comm.xp is not np:  # a backend whose calls take device arrays
             raise InvalidArgumentError(
-                f"{_CALL}: params are NumPy arrays, expected CuPy arrays for the nccl backend"
+                f"{_CALL}: params are NumPy arrays, expected {self.comm.xp.__name__} arrays "
+                "(comm.xp): this communicator's calls take device arrays only"
             )
         return xp
 

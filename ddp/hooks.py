@@ -93,24 +93,14 @@ class HookWork:
             array_module(self._device_array).cuda.get_current_stream().synchronize()
 
 
-def _native_avg(comm: CommunicatorLike, dtype: np.dtype) -> bool:
-    """NCCL averages natively (premultiplying, so half precision is safe); the MPI
-    backend's AVG is a sum divided afterwards, which can overflow in half precision."""
-    return comm.backend == "nccl" or np.dtype(dtype).itemsize > 2
-
-
 def allreduce(comm: CommunicatorLike, bucket: Any) -> Any:
-    """The default hook: all-reduce the bucket to its mean.
+    """The default hook: all-reduce the bucket to its mean (``op="avg"``, which no backend
+    lets overflow in half precision where the mean fits).
 
     Example:
         >>> ddp = DistributedDataParallel(params, comm, hook=hooks.allreduce)
     """
-    buffer = bucket.buffer
-    if _native_avg(comm, buffer.dtype):
-        return comm.all_reduce(buffer, op="avg", async_op=True)
-    # divide before summing so that half precision cannot overflow
-    buffer *= buffer.dtype.type(1.0 / comm.size)
-    return comm.all_reduce(buffer, op="sum", async_op=True)
+    return comm.all_reduce(bucket.buffer, op="avg", async_op=True)
 
 
 class _Wire(NamedTuple):
@@ -140,8 +130,8 @@ class _CompressingComm:
     """The communicator a wrapped hook sees: its floating sum and avg all-reduces travel as
     ``wire`` and are cast back into the result; every other call goes to ``comm`` unchanged.
 
-    An avg is divided by the world size before the cast, so the sum stays in half
-    precision's range (the MPI backend's avg would sum first and could overflow).
+    An avg is divided by the world size before the cast, then summed: a value past half
+    precision's range whose mean is within it still travels (the cast would overflow first).
     """
 
     def __init__(self, comm: CommunicatorLike, wire: _Wire):

@@ -65,6 +65,17 @@ def test_argument_errors(comm, xp):
         DistributedDataParallel(params(xp), comm, bucket_cap_mb=0)
 
 
+def test_numpy_params_are_refused_where_the_communicator_takes_device_arrays(comm):
+    # asked of comm.xp, not of the backend's name: NCCL's calls take device arrays only
+    if comm.xp is np:
+        pytest.skip("this communicator takes NumPy arrays")
+    with pytest.raises(
+        InvalidArgumentError,
+        match=f"params are NumPy arrays, expected {comm.xp.__name__} arrays \\(comm.xp\\)",
+    ):
+        DistributedDataParallel(params(), comm)
+
+
 def test_step_errors(comm, xp):
     ddp = DistributedDataParallel(params(xp), comm)
     with pytest.raises(InvalidArgumentError, match="mark_ready: name 'nope' is not one of the 3"):

@@ -105,6 +105,28 @@ def test_reduce_scatter_and_all_gather_equal_flat(comm, hcomm, xp):
         np.testing.assert_array_equal(host(out), expected, dtype)
 
 
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_float16_avg_near_its_max_does_not_overflow(comm, hcomm, xp, async_op):
+    # each rank's 60000 (float16's largest is 65504): a sum overflows, the mean is exact; on
+    # equal nodes each step averages, on unequal ones (3 ranks) the sum runs in float32
+    def done(result, work):
+        if async_op:
+            work.wait()
+        return host(result)
+
+    for shape, out_of_place in (((7,), False), ((2, 4), True)):  # padded, and not
+        x = xp.full(shape, 60000.0, np.float16)
+        out = xp.zeros_like(x) if out_of_place else x
+        work = hcomm.all_reduce(x, "avg", out=out, async_op=async_op)
+        np.testing.assert_array_equal(done(out, work), np.float16(60000.0), str(shape))
+    x = xp.full((comm.size, 3), 60000.0, np.float16)
+    out = xp.zeros(3, np.float16)
+    work = hcomm.reduce_scatter(x, "avg", out=out, async_op=async_op)
+    np.testing.assert_array_equal(done(out, work), np.float16(60000.0))
+    work = hcomm.reduce_scatter(x, "avg", out=x[comm.rank], async_op=async_op)  # in place
+    np.testing.assert_array_equal(done(x[comm.rank], work), np.float16(60000.0))
+
+
 def test_bfloat16(comm, hcomm, xp):
     bits = xp.asarray((np.arange(5, dtype=np.float32) + comm.rank).view(np.uint32) >> 16)
     bits = bits.astype(np.uint16)
