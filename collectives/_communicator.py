@@ -481,11 +481,10 @@ class Communicator(Grouping):
             self.recorder.append(pending)
             if self._group is not None:
                 self._group.append(pending)
-            elif async_op:
-                return Work(self, pending, result)
-            else:
+            elif not async_op:
                 pending.wait(self)
-            return result
+                return result
+            return Work(self, pending, result) if async_op else result
         except CollectivesError as e:
             self._fatal(e)
             raise

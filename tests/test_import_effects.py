@@ -119,7 +119,6 @@ def test_importing_makes_no_mpi_call_and_installs_no_hook(tmp_path):
         [
             *fork,
             "atexit: collectives._exit",
-            "atexit: collectives._mpi",
             "atexit: collectives._timeline",
         ]
     ), seen
