@@ -44,8 +44,8 @@ def init(
             call it within that time.
         check: verify before each call that all ranks make the same call
             (default: environment ``COLLECTIVES_CHECK=1``).
-        mpi_blocking: on the MPI backend, make every collective (every verb but send and
-            recv, synchronous or not) a blocking MPI call, which is faster than a
+        mpi_blocking: on the MPI backend, make every collective (every verb but send, recv
+            and sendrecv, synchronous or not) a blocking MPI call, which is faster than a
             non-blocking one with Open MPI and Intel MPI. A stuck one then ends the job after
             ``timeout`` (printing the timeout error) instead of raising it, and a call made
             with ``async_op=True`` has completed when it returns (its ``Work`` waits for

@@ -102,8 +102,10 @@ class _AllOf:
 
 
 #: the blocking form of each non-blocking call the verbs post, where the communicator's
-#: collectives are blocking (``init(mpi_blocking=True)``); sends and recvs never block, so
-#: that a send and a recv of the same rank cannot deadlock each other
+#: collectives are blocking (``init(mpi_blocking=True)``). Point-to-point calls (send, recv,
+#: sendrecv, and the exchange of a two-rank reduce_scatter) never block: MPI matches either
+#: form of them with the other, and one that blocked inside ``comm.group()`` would wait for a
+#: peer's send that the peer's group has not posted yet
 _BLOCKING_FORM: dict[Callable[..., MPI.Request], Callable[..., None]] = {
     MPI.Comm.Iallreduce: MPI.Comm.Allreduce,
     MPI.Comm.Ireduce: MPI.Comm.Reduce,
@@ -116,8 +118,6 @@ _BLOCKING_FORM: dict[Callable[..., MPI.Request], Callable[..., None]] = {
     MPI.Comm.Iscatter: MPI.Comm.Scatter,
     MPI.Comm.Ibarrier: MPI.Comm.Barrier,
 }
-if hasattr(MPI.Comm, "Isendrecv"):  # mpi4py 4 (MPI 4.0)
-    _BLOCKING_FORM[MPI.Comm.Isendrecv] = MPI.Comm.Sendrecv
 
 #: the progress board's code of each call that may block (``BLOCKING_CALLS``)
 _INSIDE_CODE = {call: code for code, call in BLOCKING_CALLS.items()}
@@ -208,7 +208,7 @@ class MpiBackend:
         if self.blocking:
             return (
                 "blocking MPI collectives (a stuck one ends the job after the timeout), "
-                "non-blocking sends and recvs"
+                "non-blocking point-to-point calls"
             )
         return "non-blocking MPI calls, polled under the timeout"
 
