@@ -117,7 +117,7 @@ class WatchedCommunicator:
         self.rank = bootstrap.rank
         self.size = bootstrap.size
         self.device = device
-        self.timeout = timeout
+        self._first_timeout = timeout  # until the front end attaches (``timeout``)
         self.stream = new_stream(device)
         self.has_avg = nccl.get_version() >= 21000
         self._in_flight: list[tuple[NcclPending, tuple]] = []
@@ -141,6 +141,13 @@ class WatchedCommunicator:
 
     #: NCCL keeps no MPI communicator busy: the front end may free its one at a close
     unfinished = False
+
+    @property
+    def timeout(self) -> float:
+        """The communicator's timeout (``comm.timeout``: one set later reaches the watchdog
+        too); the one this backend was made with until the front end attaches."""
+        context = self._context
+        return self._first_timeout if context is None else context.timeout
 
     @property
     def waiter(self) -> Any:

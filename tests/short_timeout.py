@@ -11,8 +11,8 @@ def init_with_short_timeout(backend: str, timeout: float, **kwargs) -> col.Commu
     On NCCL the first call between two ranks connects them lazily, and a rank whose peer
     never joins blocks inside NCCL's connect, where no timeout reaches it; with two ranks on
     one GPU the connect alone can outlast a short timeout. So there every rank first makes a
-    collective and a ring of send/recv under a long timeout, and only then is the timeout
-    shrunk (the front end's, for messages, and the backend's, which it watches).
+    collective and a ring of send/recv under a long timeout, and only then is
+    ``comm.timeout`` shrunk (which the backend's watchdog follows too).
     """
     if backend != "nccl":
         return col.init(backend, timeout=timeout, **kwargs)
@@ -27,7 +27,7 @@ def init_with_short_timeout(backend: str, timeout: float, **kwargs) -> col.Commu
             comm.send(sent, (comm.rank + 1) % comm.size)
             comm.recv(received, (comm.rank - 1) % comm.size)
     comm.stream.synchronize()
-    comm.timeout = comm._impl.timeout = timeout
+    comm.timeout = timeout
     return comm
 
 

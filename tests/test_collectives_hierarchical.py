@@ -1,11 +1,17 @@
-"""The node layout of ``col.hierarchical``: pure functions, no communicator."""
+"""The node layout of ``col.hierarchical``: pure functions, no communicator.
+
+White-box on purpose (one of the few test modules that import private names): unit tests of
+the pure layout module ``_nodes``, over every world of 1 to 8 ranks and every node size,
+where a test job runs a few sizes only (tests/spmd/test_hierarchical.py checks the results
+of the view at 3 and 4 ranks against the flat calls).
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from collectives import InvalidArgumentError
-from collectives._nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
+import collectives as col
+from collectives._nodes import NodeLayout, emulated_keys, node_layout
 
 
 def test_emulated_nodes_are_consecutive_groups():
@@ -68,11 +74,15 @@ def test_every_block_appears_once_in_every_layout():
 
 
 def test_ranks_per_node_from_the_environment(monkeypatch):
-    monkeypatch.delenv("COLLECTIVES_RANKS_PER_NODE", raising=False)
-    assert ranks_per_node_from_env() is None
-    monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", " 4 ")
-    assert ranks_per_node_from_env() == 4
-    for bad in ("0", "-2", "x", "1.5"):
-        monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", bad)
-        with pytest.raises(InvalidArgumentError, match="must be a positive integer"):
-            ranks_per_node_from_env()
+    with col.init("mpi", timeout=30) as comm:
+        for told in (None, " 4 ", "1"):
+            if told is None:
+                monkeypatch.delenv("COLLECTIVES_RANKS_PER_NODE", raising=False)
+            else:
+                monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", told)
+            with col.hierarchical(comm) as view:
+                assert (view.nodes, view.local_size) == (1, 1)
+        for bad in ("0", "-2", "x", "1.5"):
+            monkeypatch.setenv("COLLECTIVES_RANKS_PER_NODE", bad)
+            with pytest.raises(col.InvalidArgumentError, match="must be a positive integer"):
+                col.hierarchical(comm)

@@ -1,4 +1,5 @@
-"""Rank-grid math behind ``col.DeviceMesh`` (pure functions, no communicator)."""
+"""Rank-grid math of ``col.DeviceMesh``, in-process: each rank's mesh is built on a stand-in
+communicator that records the split each group asks for (no MPI call is made)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from collectives._mesh import group_color, group_members, mesh_coords, mesh_rank
+import collectives as col
 
 SHAPES = [
     {"a": 1},
@@ -20,70 +21,122 @@ SHAPES = [
 ]
 
 
+class Part:
+    """What a split returns: the color and key it was asked for."""
+
+    def __init__(self, color: int, key: int):
+        self.color, self.key = color, key
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Rank:
+    """One rank of ``size``, as ``DeviceMesh`` sees a communicator: its rank, its size, and
+    ``split(color, key)``, recorded."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self.splits: list[Part] = []
+
+    def split(self, color: int, key: int | None = None) -> Part:
+        part = Part(color, self.rank if key is None else key)
+        self.splits.append(part)
+        return part
+
+
 def _grid(shape):
     """NumPy's row-major reference: grid[coords] == rank."""
     return np.arange(math.prod(shape.values())).reshape(tuple(shape.values()))
 
 
-def test_docstring_examples():
+def _meshes(shape) -> list[col.DeviceMesh]:
+    """Every rank's mesh of ``shape``."""
+    size = math.prod(shape.values())
+    return [col.DeviceMesh(Rank(r, size), shape) for r in range(size)]
+
+
+def _members(meshes, names) -> list[list[int]]:
+    """For each rank, the ranks of its group along ``names``: those whose split had the same
+    color, in the order of their keys (as MPI orders a split's ranks)."""
+    parts = [mesh.group(*names) for mesh in meshes]
+    groups = []
+    for mine in parts:
+        same = [(p.key, r) for r, p in enumerate(parts) if p.color == mine.color]
+        groups.append([r for _, r in sorted(same)])
+    return groups
+
+
+def test_docstring_example():
     shape = {"pp": 2, "dp": 2, "tp": 2}
-    assert mesh_coords(5, shape) == {"pp": 1, "dp": 0, "tp": 1}
-    assert list(mesh_coords(5, shape)) == ["pp", "dp", "tp"]
-    assert mesh_rank({"pp": 1, "dp": 0, "tp": 1}, shape) == 5
-    assert group_color(4, shape, ("tp",)) == group_color(5, shape, ("tp",)) == 2
-    assert group_members(5, shape, ("dp",)) == [5, 7]
+    meshes = _meshes(shape)
+    assert meshes[5].coord == {"pp": 1, "dp": 0, "tp": 1}
+    assert list(meshes[5].coord) == ["pp", "dp", "tp"]
+    assert meshes[4]["tp"].color == meshes[5]["tp"].color
+    assert _members(meshes, ("dp",))[5] == [5, 7]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_coords_match_numpy_row_major(shape):
     grid = _grid(shape)
+    meshes = _meshes(shape)
     for index in itertools.product(*(range(n) for n in shape.values())):
         rank = int(grid[index])
-        coords = dict(zip(shape, index))
-        assert mesh_coords(rank, shape) == coords
-        assert mesh_rank(coords, shape) == rank
+        assert meshes[rank].coord == dict(zip(shape, index))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_group_members_are_the_ranks_differing_only_along_names(shape):
+def test_groups_are_the_ranks_differing_only_along_names(shape):
     names = list(shape)
-    grid = _grid(shape)
-    size = grid.size
+    size = math.prod(shape.values())
+    meshes = _meshes(shape)
     for count in range(1, len(names) + 1):
         for chosen in itertools.combinations(names, count):
-            groups = {}
+            members = _members(meshes, chosen)
             for rank in range(size):
-                members = group_members(rank, shape, chosen)
-                mine = mesh_coords(rank, shape)
+                mine = meshes[rank].coord
                 expected = [
                     r
                     for r in range(size)
-                    if all(mesh_coords(r, shape)[n] == mine[n] for n in names if n not in chosen)
+                    if all(meshes[r].coord[n] == mine[n] for n in names if n not in chosen)
                 ]
-                assert members == expected
-                assert rank in members
-                assert len(members) == math.prod(shape[n] for n in chosen)
-                groups.setdefault(group_color(rank, shape, chosen), members)
-                assert groups[group_color(rank, shape, chosen)] == members
-            # Colors are 0..k-1 and the groups partition the ranks.
-            assert sorted(groups) == list(range(size // math.prod(shape[n] for n in chosen)))
-            assert sorted(r for m in groups.values() for r in m) == list(range(size))
+                assert members[rank] == expected
+                assert rank in members[rank]
+                assert len(members[rank]) == math.prod(shape[n] for n in chosen)
+            # the groups partition the ranks, one color each (0..k-1, as split colors go)
+            colors = {meshes[r].group(*chosen).color for r in range(size)}
+            assert sorted(colors) == list(range(size // math.prod(shape[n] for n in chosen)))
+            groups = {tuple(m) for m in members}
+            assert sorted(r for g in groups for r in g) == list(range(size))
 
 
-def test_group_over_every_name_is_the_world():
+def test_a_group_over_every_name_is_the_world():
     shape = {"pp": 2, "dp": 3, "tp": 4}
-    for rank in range(24):
-        assert group_members(rank, shape, ("pp", "dp", "tp")) == list(range(24))
-        assert group_color(rank, shape, ("pp", "dp", "tp")) == 0
+    meshes = _meshes(shape)
+    assert _members(meshes, ("pp", "dp", "tp")) == [list(range(24))] * 24
+    assert {m.group("pp", "dp", "tp").color for m in meshes} == {0}
 
 
 def test_two_by_two_rows_and_columns():
-    shape = {"a": 2, "b": 2}
-    assert [group_members(r, shape, ("a",)) for r in range(4)] == [[0, 2], [1, 3], [0, 2], [1, 3]]
-    assert [group_members(r, shape, ("b",)) for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
-    assert [mesh_coords(r, shape) for r in range(4)] == [
+    meshes = _meshes({"a": 2, "b": 2})
+    assert _members(meshes, ("a",)) == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert _members(meshes, ("b",)) == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [m.coord for m in meshes] == [
         {"a": 0, "b": 0},
         {"a": 0, "b": 1},
         {"a": 1, "b": 0},
         {"a": 1, "b": 1},
     ]
+
+
+def test_a_mesh_splits_once_per_name_and_group_and_closes_what_it_made():
+    rank = Rank(5, 8)
+    mesh = col.DeviceMesh(rank, {"pp": 2, "dp": 2, "tp": 2})
+    assert len(rank.splits) == 3  # one per name, as it is built
+    assert mesh.group("tp", "dp") is mesh.group("dp", "tp")  # one communicator per set
+    assert len(rank.splits) == 4
+    mesh.close()
+    assert all(part.closed for part in rank.splits)
+    with pytest.raises(col.CommunicatorStateError, match="closed"):
+        mesh.group("tp")

@@ -1,4 +1,5 @@
-"""Host-side numerics shared by the backends and ddp: bfloat16 rounding, AVG's integer division."""
+"""Host-side numerics shared by the backends and ddp: bfloat16 rounding. (AVG's integer
+division is tested through ``all_reduce`` in tests/spmd/test_collectives_verbs.py.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import numpy as np
 import pytest
 
 from collectives import bfloat16_to_float32, float32_to_bfloat16
-from collectives._numerics import divide_in_place  # AVG's division: no public API
 
 
 def _to_bf16(values) -> np.ndarray:
@@ -82,36 +82,3 @@ def test_float32_to_bfloat16_allocates_out_when_none():
 def test_bfloat16_of_a_0d_array():
     bits = float32_to_bfloat16(np.array(np.float32(2.5)))
     assert bits.shape == () and float(bfloat16_to_float32(bits)) == 2.5
-
-
-@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
-def test_divide_in_place_truncates_toward_zero(dtype):
-    info = np.iinfo(dtype)
-    values = [-7, 7, -1, 1, 0, -8, 8, 5, -5, int(info.min), int(info.max)]
-    for size in (1, 2, 3, 4):
-        out = np.array(values, dtype)
-        divide_in_place(out, size)
-        expected = np.array([_trunc(v, size) for v in values])
-        np.testing.assert_array_equal(out, expected.astype(dtype), err_msg=f"size {size}")
-        assert out.dtype == dtype
-
-
-def _trunc(v: int, size: int) -> int:
-    """Integer division toward zero, as C's (and NCCL's ncclAvg on integers)."""
-    q = abs(v) // size
-    return q if v >= 0 else -q
-
-
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.uint64])
-def test_divide_in_place_unsigned(dtype):
-    top = int(np.iinfo(dtype).max)
-    out = np.array([0, 1, 7, 8, top], dtype)
-    divide_in_place(out, 3)
-    np.testing.assert_array_equal(out, np.array([0, 0, 2, 2, top // 3], dtype))
-
-
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex64])
-def test_divide_in_place_floating(dtype):
-    out = np.array([3, -3, 1], dtype)
-    divide_in_place(out, 4)
-    np.testing.assert_array_equal(out, np.array([0.75, -0.75, 0.25], dtype))

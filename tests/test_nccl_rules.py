@@ -1,6 +1,13 @@
-"""What the NCCL backend decides without a GPU: the fallback from ranks that share a GPU, the
-mapping of CuPy's NCCL errors, the per-thread group bookkeeping, the deadline rule, and that
-both backends have the same verbs (in-process)."""
+"""What the backends decide without a GPU (in-process): the fallback from ranks that share a
+GPU, the codes NCCL is passed for each dtype and op, the mapping of CuPy's NCCL errors, the
+per-thread group bookkeeping, the deadline rule, the class a failure notice carries, and that
+both backends have the same verbs.
+
+White-box on purpose (one of the few test modules that import private names): these are
+unit tests of pure internal rules and tables (``_nccl_rules``, ``_dtypes``, ``_nccl_group``,
+``_errors``, ``_deadline``, the backends' verbs), most of whose cases no machine without a
+GPU, or no one job, reaches through the public API.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import threading
 import pytest
 
 import collectives as col
-from collectives import _nccl_group
+from collectives import _dtypes, _errors, _nccl_group
 from collectives._backend import VERBS, Backend
 from collectives._deadline import overdue
 from collectives._mpi import MpiBackend
@@ -73,6 +80,62 @@ def test_version_strings_of_both_encodings():
     assert version_string(23003) == "2.30.3"
     assert version_string(21805) == "2.18.5"
     assert version_string(2708) == "2.7.8"
+
+
+# ncclDataType_t codes (nccl.h): complex travels as twice as many reals of its component type.
+NCCL_CODES = {
+    "int8": 0,
+    "uint8": 1,
+    "int32": 2,
+    "uint32": 3,
+    "int64": 4,
+    "uint64": 5,
+    "float16": 6,
+    "float32": 7,
+    "float64": 8,
+    "bfloat16": 9,
+    "complex64": 7,
+    "complex128": 8,
+}
+
+
+def test_every_dtype_has_its_nccl_type_code():
+    assert set(_dtypes.NCCL_TYPE) == set(col.DTYPES)
+    assert _dtypes.NCCL_TYPE == NCCL_CODES
+
+
+def test_nccl_op_codes_are_the_enum_values():
+    assert _dtypes.NCCL_OP == {
+        col.ReduceOp.SUM: 0,
+        col.ReduceOp.PROD: 1,
+        col.ReduceOp.MAX: 2,
+        col.ReduceOp.MIN: 3,
+        col.ReduceOp.AVG: 4,
+    }
+
+
+def test_a_failure_notice_carries_the_public_class_of_the_event():
+    # what a rank told of another's failure raises: that rank's class (one class per event);
+    # the notices of the errors no call announces (a private subclass, a stray exception)
+    # are covered here, those of timeouts, MPI errors and ranks that left across ranks
+    # (tests/spmd/test_peer_failures.py)
+    public = (
+        col.CollectiveTimeoutError,
+        col.CollectiveMismatchError,
+        col.CommunicatorStateError,
+        col.InvalidArgumentError,
+        col.BackendUnavailableError,
+        col.CollectivesError,
+    )
+    for cls in public:
+        assert _errors.event_class(_errors.event_name(cls("x"))) is cls
+
+    class Private(col.CollectiveTimeoutError):
+        pass
+
+    assert _errors.event_name(Private("x")) == "CollectiveTimeoutError"  # the public class
+    assert _errors.event_name(KeyError(1)) == "CommunicatorStateError"
+    assert _errors.event_class("NoSuchError") is col.CommunicatorStateError
 
 
 class _StatusError(RuntimeError):

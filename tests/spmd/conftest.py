@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import socket
 import threading
 import time
 
@@ -47,35 +48,51 @@ BACKEND = "nccl" if TEST_BACKEND == "nccl" else "mpi"  # what col.init is given
 CUPY = TEST_BACKEND != "mpi"  # whether the tests' arrays are CuPy arrays
 
 
-def _nccl_unusable_reason() -> str | None:
-    """Why this job's ranks cannot run NCCL here, by the library's own rule (the one
-    ``init`` applies), or None when they can. Collective: every rank calls it, at import."""
-    from collectives._nccl import choose_device, nccl_unavailable_reason, placement
-    from collectives._nccl_rules import shared_gpu_reason
-
+def _ranks_per_gpu() -> int:
+    """The most ranks of this job on one GPU where ``init`` puts them by default (local rank
+    modulo the GPUs a rank sees), told apart by host and PCI bus id; 1 where CuPy cannot say.
+    Collective: every rank calls it."""
     local = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
     local.Free()
-    found: tuple | str | None = nccl_unavailable_reason()
-    if found is None:
-        try:
-            found = placement(choose_device(None, local_rank))
-        except Exception as e:
-            found = f"{type(e).__name__}: {e}"
-    everyone = WORLD.allgather(found)
-    problems = [f for f in everyone if isinstance(f, str)]
-    if problems:
-        return problems[0]
-    why = shared_gpu_reason([f[:4] for f in everyone], min(f[4] for f in everyone))
-    if why is not None:
-        return why
-    per_gpu = max(collections.Counter(f[:2] for f in everyone).values())
-    if per_gpu > 2:  # NCCL's multi-rank mode is documented for two ranks per GPU
+    found: tuple | None = None
+    try:
+        import cupy
+
+        device = local_rank % cupy.cuda.runtime.getDeviceCount()
+        found = (socket.gethostname(), cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # no CuPy, no device: init says why
+        pass
+    placed = [f for f in WORLD.allgather(found) if f is not None]
+    return max(collections.Counter(placed).values(), default=1)
+
+
+def _nccl_unusable_reason() -> str | None:
+    """Why this job's ranks cannot run NCCL here, or None when they can: what
+    ``col.init("nccl")`` says where it refuses (no GPU, no NCCL, ranks on a GPU their NCCL
+    cannot share), and more than two ranks on one GPU, which NCCL's multi-rank mode is not
+    documented for (so init is not tried). Collective: every rank calls it, once (see
+    :func:`nccl_unusable`)."""
+    per_gpu = _ranks_per_gpu()
+    if per_gpu > 2:
         return f"{per_gpu} ranks on one GPU; NCCL's multi-rank mode takes at most 2"
+    try:
+        probe = col.init(backend="nccl", timeout=COMM_TIMEOUT)
+    except col.CollectivesError as e:
+        return str(e)
+    probe.close()
     return None
 
 
-NCCL_UNUSABLE = _nccl_unusable_reason()
+_NCCL_UNUSABLE: list[str | None] = []
+
+
+def nccl_unusable() -> str | None:
+    """:func:`_nccl_unusable_reason`, asked once, when a test first needs NCCL (on every rank
+    alike: the ranks run the same tests and fixtures)."""
+    if not _NCCL_UNUSABLE:
+        _NCCL_UNUSABLE.append(_nccl_unusable_reason())
+    return _NCCL_UNUSABLE[0]
 
 
 def _cupy_unusable_reason() -> str | None:
@@ -93,11 +110,18 @@ def _cupy_unusable_reason() -> str | None:
         gpus = 0
     if gpus < 1:
         return f"{where}: no CUDA device"
-    reason = NCCL_UNUSABLE if TEST_BACKEND == "nccl" else None
+    reason = nccl_unusable() if TEST_BACKEND == "nccl" else None
     return None if reason is None else f"{where}: {reason}"
 
 
-UNUSABLE = _cupy_unusable_reason()
+_UNUSABLE: list[str | None] = []
+
+
+def cupy_unusable() -> str | None:
+    """:func:`_cupy_unusable_reason`, asked once, when a test first needs the backend."""
+    if not _UNUSABLE:
+        _UNUSABLE.append(_cupy_unusable_reason())
+    return _UNUSABLE[0]
 
 
 def pytest_configure(config):
@@ -122,8 +146,9 @@ def array_module():
     """NumPy, or CuPy under the CuPy backends (skips the test where CuPy cannot run)."""
     if not CUPY:
         return np
-    if UNUSABLE is not None:
-        pytest.skip(UNUSABLE)
+    unusable = cupy_unusable()
+    if unusable is not None:
+        pytest.skip(unusable)
     import cupy
 
     return cupy
@@ -139,8 +164,9 @@ def backend() -> str:
 @pytest.fixture
 def nccl_world() -> None:
     """Skips the test where this job's ranks cannot run the NCCL backend here."""
-    if NCCL_UNUSABLE is not None:
-        pytest.skip(f"NCCL backend: {NCCL_UNUSABLE}")
+    unusable = nccl_unusable()
+    if unusable is not None:
+        pytest.skip(f"NCCL backend: {unusable}")
 
 
 @pytest.fixture

@@ -14,12 +14,13 @@ import gc
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import collectives as col
-from collectives import _mpi
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("COLLECTIVES_TEST_BACKEND") == "nccl", reason="the MPI backend's arrays"
@@ -51,10 +52,11 @@ def churn():
 
 
 def _widened_or_staged_dtypes(xp) -> list[str]:
-    # bfloat16 is always reduced in float32; float16 is where MPI lacks it. CuPy arrays are
-    # staged through host copies whatever their dtype (unless MPI is CUDA-aware).
-    names = sorted(_mpi.UPCAST)
-    if xp is not np and "float32" not in names:
+    # bfloat16 is always reduced in float32, float16 where MPI lacks it (both are tested,
+    # whichever this MPI does). CuPy arrays are staged through host copies whatever their
+    # dtype (unless MPI is CUDA-aware).
+    names = ["bfloat16", "float16"]
+    if xp is not np:
         names.append("float32")
     return names
 
@@ -149,46 +151,87 @@ def test_staged_verbs_without_reductions(comm, xp, churn, async_op):
     assert np.array_equal(_values(received, "float32"), _inputs(xp, (count,), (rank - 1) % size, 0))
 
 
-def test_a_dropped_work_keeps_its_arrays(comm):
-    # Nobody waits for it: the backend still owns its arrays until MPI has finished with them.
-    bits = _as(np, np.ones(8), "bfloat16")
-    comm.all_reduce(bits, out=_as(np, np.zeros(8), "bfloat16"), async_op=True)
+def test_a_dropped_work_keeps_its_arrays_until_mpi_is_done_with_them(churn):
+    # Nobody waits for it, and rank 1 has not made its part yet: the backend still owns the
+    # bfloat16 output, and the float32 copies that MPI reads and writes (were they freed, the
+    # churning thread would fill them with GARBAGE before MPI used them).
+    comm = col.init("mpi", timeout=30.0, mpi_blocking=False)  # rank 0's call stays posted
+    if comm.size == 1:
+        comm.close()
+        pytest.skip("needs a peer that joins the call later")
+    size, rank = comm.size, comm.rank
+    values = np.arange(1024, dtype=np.float32) % 7
+    x = _as(np, values + rank, "bfloat16")
+    out = _as(np, np.zeros(1024), "bfloat16")
+    kept = weakref.ref(out.array)
+    if rank == 0:
+        comm.all_reduce(x, out=out, async_op=True)  # the Work is dropped at once
+        del x, out
+        gc.collect()  # and whatever was freed is reused at once
+        assert kept() is not None, "the output of an unfinished call was let go"
+        result = kept()  # held again, to read once the call is done
+        MPI.COMM_WORLD.Barrier()  # now rank 1 makes its part
+    else:
+        MPI.COMM_WORLD.Barrier()
+        comm.all_reduce(x, out=out)
+        result = out.array
+        del x, out
+    comm.close()  # the calls in flight finish first, the dropped one too
+    expected = size * values + sum(range(size))
+    assert np.array_equal(_values(col.as_bfloat16(result), "bfloat16"), expected)
+    del result
     gc.collect()
-    in_flight = comm._impl.in_flight
-    assert [p for p in in_flight if p.arrays is not None], "its arrays were dropped"
-    for _ in range(2 * _mpi._REAP_AT):
-        comm.all_reduce(np.ones(1), async_op=True)
+    assert kept() is None, "the arrays of a finished call are still held"
+
+
+def test_arrays_of_calls_nobody_waits_for_are_let_go_once_done(comm):
+    # Calls whose Work is dropped are completed by later calls: their arrays do not pile up.
+    refs = []
+    for _ in range(200):
+        x = np.ones(4)
+        refs.append(weakref.ref(x))
+        comm.all_reduce(x, async_op=True)
+    del x
     comm.barrier()
-    deadline = time.monotonic() + 10
-    while in_flight and time.monotonic() < deadline:
-        comm._impl._reap()
-    assert not in_flight, "calls that MPI finished are still held"
+    for _ in range(400):  # later calls look at those in flight as they go
+        comm.barrier(async_op=True)
+    comm.barrier()
+    gc.collect()
+    held = sum(ref() is not None for ref in refs)
+    assert held == 0, f"{held} of {len(refs)} finished calls still hold their arrays"
 
 
 def test_a_call_unfinished_at_abort_keeps_its_arrays_and_its_communicator(comm):
     if comm.size == 1:
         pytest.skip("needs a peer that sends after the receiver aborted")
-    from mpi4py import MPI
-
+    aborted = col.init("mpi", timeout=30.0)
+    spare = comm.split(0)  # closed below, on rank 0 alone: each close looks at what was kept
     if comm.rank == 0:
         buffer = np.zeros(4)
-        comm.recv(buffer, 1, async_op=True)  # the Work is dropped at once
-        comm.abort()
-        kept = [
-            p
-            for p in _mpi._ABANDONED
-            # the arrays as MPI was given them: an [array, datatype] spec, or the array itself
-            if any(a is buffer or (isinstance(a, list) and a[0] is buffer) for a in p.arrays or ())
-        ]
-        assert kept, "an unfinished receive's buffer was let go at abort"
-        assert comm._impl.unfinished and comm.mpi_comm != MPI.COMM_NULL  # not freed under it
+        kept = weakref.ref(buffer)
+        aborted.recv(buffer, 1, async_op=True)  # the Work is dropped at once
+        aborted.abort()
+        assert aborted.mpi_comm != MPI.COMM_NULL  # not freed under the receive
+        del buffer, aborted  # the communicator and its flight record go too
+        gc.collect()
+        assert kept() is not None, "an unfinished receive's buffer was let go at abort"
         MPI.COMM_WORLD.Barrier()  # now rank 1 sends
         deadline = time.monotonic() + 10
-        while kept[0] in _mpi._ABANDONED and time.monotonic() < deadline:
-            _mpi.abandon(set())  # each abandon looks again at what was kept
-        assert kept[0] not in _mpi._ABANDONED, "a finished call is still kept"
-        assert np.array_equal(buffer, np.arange(4.0))  # MPI wrote it after the close
+        while time.monotonic() < deadline:
+            received = kept()
+            if received is not None and np.array_equal(received, np.arange(4.0)):
+                break  # MPI wrote it after the abort
+            del received
+            MPI.COMM_WORLD.Iprobe()  # lets MPI progress
+        else:
+            pytest.fail("the receive never completed into its buffer")
+        del received
+        spare.close()  # looks again at what was kept: the receive has finished
+        gc.collect()
+        assert kept() is None, "a finished call is still kept"
     else:
         MPI.COMM_WORLD.Barrier()
         if comm.rank == 1:
-            comm.send(np.arange(4.0), 0)
+            aborted.send(np.arange(4.0), 0)
+        aborted.close()
+        spare.close()

@@ -251,24 +251,6 @@ def test_group_error_inside_block_propagates(comm, xp):
     assert x[0] == size
 
 
-def test_a_group_start_that_raises_leaves_no_group_open(comm, xp, monkeypatch):
-    """The backend's group_start comes first: when it raises, the communicator is not left
-    inside a group (later calls would be held for an end that never comes)."""
-
-    def refuse():
-        raise col.CollectivesError("group: refused")
-
-    monkeypatch.setattr(comm._impl, "group_start", refuse)
-    with pytest.raises(col.CollectivesError, match="refused"):
-        with comm.group():
-            pass
-    monkeypatch.undo()
-    assert comm._group is None
-    x = xp.array([1], np.int64)
-    comm.all_reduce(x)
-    assert x[0] == comm.size
-
-
 # ---------------------------------------------------------------- split
 
 

@@ -218,6 +218,34 @@ def test_all_reduce(comm, xp):
     cases.check()
 
 
+def test_integer_avg_truncates_toward_zero_at_the_extremes(comm, xp):
+    # Rank 0 holds the values and the others zeros: each average is the value divided by the
+    # size, toward zero as C's division (and NCCL's ncclAvg on integers), up to the dtype's
+    # extremes, whose sum over the ranks still fits. The most negative value is the MPI
+    # backend's own division's case (NCCL divides in its kernel).
+    size, rank = comm.size, comm.rank
+    for name in ("int8", "int32", "int64", "uint8", "uint32", "uint64"):
+        info = np.iinfo(name)
+        given = [0, 1, 5, 7, 8, int(info.max)]
+        if info.min < 0:
+            given += [-1, -5, -7, -8] + ([int(info.min)] if comm.backend == "mpi" else [])
+        quotients = [abs(v) // size if v >= 0 else -(abs(v) // size) for v in given]
+        expected = np.array(quotients, name)
+        mine = np.array(given, name) if rank == 0 else np.zeros(len(given), name)
+        for asynchronous in (False, True):
+            what = f"avg of {name} over {size} ranks, async_op={asynchronous}"
+            x = xp.asarray(mine)
+            out = xp.zeros_like(x)
+            done = comm.all_reduce(x, "avg", out=out, async_op=asynchronous)
+            if asynchronous:
+                done.wait()
+            np.testing.assert_array_equal(host(out), expected, err_msg=what)
+            done = comm.all_reduce(x, "avg", async_op=asynchronous)
+            if asynchronous:
+                done.wait()
+            np.testing.assert_array_equal(host(x), expected, err_msg=what + ", in place")
+
+
 def test_reduce(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
@@ -334,12 +362,12 @@ def test_reduce_scatter(comm, xp):
 
 
 def test_reduce_scatter_of_slots_large_enough_to_be_given_counts(comm, xp):
-    # from COUNTED_FROM bytes a rank, MPICH's non-blocking and Open MPI's blocking calls are
-    # made with each rank's count (MPI_(I)reduce_scatter); below, and elsewhere, without
-    from collectives._mpi import COUNTED_FROM
-
+    # from 64 KiB a rank, MPICH's non-blocking and Open MPI's blocking calls are made with
+    # each rank's count (MPI_(I)reduce_scatter); below, and elsewhere, without: float32
+    # slots of either side of that size
+    counted_from = 64 << 10
     size, rank = comm.size, comm.rank
-    for count in (COUNTED_FROM // 4 - 1, COUNTED_FROM // 4):
+    for count in (counted_from // 4 - 1, counted_from // 4):
         stack = np.stack([np.arange(size * count, dtype=np.float32) % 7 + r for r in range(size)])
         stack = stack.reshape(size, size, count)
         expected = stack.sum(axis=0)[rank]

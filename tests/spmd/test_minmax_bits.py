@@ -1,4 +1,4 @@
-"""Max and min give the same bits on every rank (``collectives._minmax``): NaN placed
+"""Max and min give the same bits on every rank (the MPI backend's own max and min): NaN placed
 differently on each rank, +0.0 against -0.0, every form of the MPI backend's calls (blocking
 and not, async, in place, the two-rank exchange of reduce_scatter, bfloat16 and float16
 reduced through float32, the hierarchical view).

@@ -2,6 +2,12 @@
 
 At world size 2 this needs two GPUs, or one GPU with NCCL >= 2.30.3 and
 ``NCCL_MULTI_RANK_GPU_ENABLE=1`` (the ``nccl_world`` fixture of conftest.py skips otherwise).
+
+White-box on purpose (one of the few test modules that reach private names): besides the
+calls, these are regression tests of the backend's watchdog and flight of calls (when arrays
+are released after an abort, what a failed issue or a watchdog exception leaves, the split
+fallback), whose failures are injected into the backend (``comm._impl``) and observed
+there, since no public call can make NCCL fail that way on demand.
 """
 
 from __future__ import annotations

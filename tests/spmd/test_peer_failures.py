@@ -27,11 +27,11 @@ def _rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def _declared_by_rank_3(declare, expected: type, fragment: str) -> None:
-    """Rank 0 makes no call; rank 3 runs ``declare(comm, x)``, which ends the communicator
-    there; ranks 1 and 2 wait in an all_reduce and must raise exactly ``expected``, well
-    before their own timeout, naming rank 3 and ``fragment``, and then
-    CommunicatorStateError at their next call."""
+def _declared_by_rank_3(declare, expected: type, fragment: str, rank_0=None) -> None:
+    """Rank 0 makes no collective (only ``rank_0(comm)``, where given); rank 3 runs
+    ``declare(comm, x)``, which ends the communicator there; ranks 1 and 2 wait in an
+    all_reduce and must raise exactly ``expected``, well before their own timeout, naming
+    rank 3 and ``fragment``, and then CommunicatorStateError at their next call."""
     comm = col.init("mpi", timeout=SHORT if _rank() == DECLARER else LONG, mpi_blocking=False)
     x = np.full(3, comm.rank + 1.0)
     first = later = None
@@ -40,7 +40,10 @@ def _declared_by_rank_3(declare, expected: type, fragment: str) -> None:
         if comm.rank == DECLARER:
             with pytest.raises(expected):
                 declare(comm, x)
-        elif comm.rank != 0:
+        elif comm.rank == 0:
+            if rank_0 is not None:
+                rank_0(comm)
+        else:
             start = time.monotonic()
             try:
                 comm.all_reduce(x)
@@ -77,14 +80,20 @@ def test_a_peers_timeout_is_a_timeout_on_every_rank_in_the_call():
 
 
 def test_a_peers_mpi_error_is_a_collectives_error_on_every_rank_in_the_call():
-    def declare(comm, x):  # as an MPI error met in a call
-        comm._mpi_error("all_reduce", MPI.Exception(MPI.ERR_TRUNCATE))
+    # rank 0 sends rank 3 more than rank 3 receives: MPI reports the truncation on rank 3
+    def send_too_much(comm):
+        comm.send(np.ones(8), DECLARER)
 
-    _declared_by_rank_3(declare, col.CollectivesError, "declared it failed: all_reduce: MPI error")
+    def declare(comm, x):
+        comm.recv(np.empty(4), 0)
+
+    _declared_by_rank_3(
+        declare, col.CollectivesError, "declared it failed: recv: MPI error", send_too_much
+    )
 
 
 def test_a_peer_that_left_is_a_state_error_on_every_rank_in_the_call():
-    def declare(comm, x):  # as at its exit (collectives._exit), while the others wait
+    def declare(comm, x):  # as at its exit (without a close), while the others wait
         comm.leaving("sys.exit(0)")
         raise col.CommunicatorStateError("left")
 
