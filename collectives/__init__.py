@@ -1,11 +1,18 @@
 """Collectives for CuPy on NCCL, bootstrapped by MPI, with an MPI backend for NumPy arrays.
 
-Where a call goes: each verb is a method of :class:`Communicator` (``_communicator.py``),
-which checks its arguments (``_args.py``), keeps the books (``_books.py``) and calls the
-backend's method of the same name, ``MpiBackend`` in ``_mpi.py`` or ``NcclBackend`` in
-``_nccl.py`` (the interface, and the ``BackendContext`` through which a backend reaches the
-communicator: ``_backend.py``). That is the one path of every call, on both backends,
-synchronous or not. Ownership, closing and failure of a communicator: ``_lifecycle.py``.
+The layout, one concern a folder, each folder importing only those listed after it (but
+check mode, ``_safety/check.py``, whose comparisons are pendings of the call path over MPI):
+
+- ``_topology/``: where ranks sit (``DeviceMesh``, nodes, the hierarchical view);
+- ``_mpi/`` and ``_nccl/``: the two backends, each issuing calls and answering "done yet?";
+- ``_core/``: the one call path. Each verb is a method of :class:`Communicator`
+  (``communicator.py``), which checks its arguments (``args.py``), keeps the books
+  (``books.py``) and calls the backend's method of the same name (the interface, and the
+  ``BackendContext`` through which a backend reaches the communicator: ``backend.py``), on
+  both backends, synchronous or not; ownership, closing and failure: ``lifecycle.py``;
+- ``_safety/``: what keeps ranks in step and jobs from hanging (check mode, the progress
+  board, the arrival handshake, the exit, abort and fork hooks);
+- the modules beside this one: errors, ops, dtypes, arrays, the timeline.
 
 Example:
     >>> import collectives as col
@@ -19,17 +26,17 @@ backend's array module), ``array_module``, ``to_array``, ``DTYPES``, the bfloat1
 
 Importing it makes no MPI call, replaces no hook (``sys.excepthook``, ``sys.exit``) and
 registers no exit handler: the first ``init()`` does (``_init.py``: the MPI backend's tables,
-which take an MPI call and two MPI ops; the hooks of ``_abort.py`` and ``_exit.py``; the
-timeline). Two things happen at import all the same: ``from mpi4py import MPI`` initialises
+which take an MPI call and two MPI ops; the hooks of ``_safety/abort.py`` and
+``_safety/exit.py``; the timeline). Two things happen at import all the same: ``from mpi4py import MPI`` initialises
 MPI (mpi4py's own default, which a program that imports mpi4py itself relies on), and
-``_fork.py`` registers its handler for a child forked from this process, which that
+``_safety/fork.py`` registers its handler for a child forked from this process, which that
 initialised MPI needs from then on.
 """
 
-from ._abort import abort_on_exception
 from ._arrays import BFloat16Array, array_module, as_bfloat16, to_array
-from ._communicator import Communicator
 from ._communicator_like import CommunicatorLike
+from ._core.communicator import Communicator
+from ._core.work import Work
 from ._dtypes import DTYPES
 from ._errors import (
     BackendUnavailableError,
@@ -39,12 +46,12 @@ from ._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from ._hierarchical import HierarchicalCommunicator, hierarchical
 from ._init import BackendFallbackWarning, init
-from ._mesh import DeviceMesh
 from ._numerics import bfloat16_to_float32, float32_to_bfloat16
 from ._ops import ReduceOp
-from ._work import Work
+from ._safety.abort import abort_on_exception
+from ._topology.hierarchical import HierarchicalCommunicator, hierarchical
+from ._topology.mesh import DeviceMesh
 
 __all__ = [
     "abort_on_exception",

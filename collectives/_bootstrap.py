@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 class MpiBootstrap:
-    """:class:`collectives._backend.Bootstrap` over ``mpi_comm`` (not owned: never freed here).
+    """:class:`collectives._core.backend.Bootstrap` over ``mpi_comm`` (not owned: never freed here).
 
     Example:
         >>> boot = MpiBootstrap(MPI.COMM_WORLD)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ._ops import ReduceOp
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
-    from ._hierarchical import HierarchicalCommunicator
+    from ._core.communicator import Communicator
+    from ._topology.hierarchical import HierarchicalCommunicator
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 
 One class per event: the first call that fails on each rank raises the class of the event
 that ended it, whichever rank saw the event first. A rank that declares a communicator failed
-tells the others (a failure notice, :mod:`._guard`), and the notice carries the class of its
+tells the others (a failure notice, :mod:`collectives._safety.guard`), and the notice carries the class of its
 error; a rank told raises that class, naming the rank that declared it and its error. Only a
 later call on the dead communicator is a different event: ``CommunicatorStateError``.
 

@@ -7,16 +7,18 @@ import warnings
 
 from mpi4py import MPI
 
-from . import _exit, _mpi, _timeline
-from ._abort import install_default
-from ._backend import Backend
+from . import _timeline
 from ._bootstrap import MpiBootstrap
-from ._communicator import Communicator
+from ._core.backend import Backend
+from ._core.communicator import Communicator
 from ._errors import BackendUnavailableError, InvalidArgumentError
-from ._handshake import arrive
-from ._mpi import MpiBackend
-from ._mpi_base import blocking_by_default
-from ._nccl_rules import shared_gpu_reason
+from ._mpi import backend as _mpi
+from ._mpi.backend import MpiBackend
+from ._mpi.tables import blocking_by_default
+from ._nccl.rules import shared_gpu_reason
+from ._safety import exit as _exit
+from ._safety.abort import install_default
+from ._safety.handshake import arrive
 
 BACKENDS = ("auto", "nccl", "mpi")
 
@@ -114,7 +116,7 @@ def init(
             )
         impl = MpiBackend(mpi_comm, blocking=blocking)
     else:
-        from ._nccl import make_nccl_backend
+        from ._nccl.backend import make_nccl_backend
 
         assert device is not None  # _choose resolved it
         try:
@@ -129,7 +131,7 @@ def _start() -> None:
     """What importing collectives leaves to the first ``init`` (each step once): the MPI
     backend's tables (``_mpi.ready``), the timeline, then the exception and exit hooks
     (``_abort.install_default``). Exit handlers run last registered first: the exit barrier
-    of :mod:`._exit` runs before the timeline's."""
+    of :mod:`collectives._safety.exit` runs before the timeline's."""
     _mpi.ready()
     _timeline.start()
     install_default()
@@ -141,7 +143,7 @@ class BackendFallbackWarning(UserWarning):
 
 def _choose(backend: str, mpi_comm: MPI.Comm, device: int | None) -> tuple[str, int | None]:
     """The backend ``"auto"`` or ``"nccl"`` resolves to, and the GPU of this rank."""
-    from ._nccl import choose_device, nccl_unavailable_reason, placement
+    from ._nccl.backend import choose_device, nccl_unavailable_reason, placement
 
     reasons = mpi_comm.allgather(nccl_unavailable_reason())
     missing = [(r, why) for r, why in enumerate(reasons) if why is not None]

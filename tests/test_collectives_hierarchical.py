@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import collectives as col
-from collectives._nodes import NodeLayout, emulated_keys, node_layout
+from collectives._topology.nodes import NodeLayout, emulated_keys, node_layout
 
 
 def test_emulated_nodes_are_consecutive_groups():

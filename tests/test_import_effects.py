@@ -109,8 +109,8 @@ def test_importing_makes_no_mpi_call_and_installs_no_hook(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["made"] == [], seen  # no MPI call (an op made, a reduction, a world's size)
-    # no hook but the one for a forked child, which changes nothing here (collectives._fork)
-    fork = ["fork: collectives._fork"]
+    # no hook but the one for a forked child, which changes nothing here (collectives._safety.fork)
+    fork = ["fork: collectives._safety.fork"]
     assert seen["imported"] == {"excepthook": True, "exit": True, "handlers": fork}, seen
     # init installs them: the exception hook, sys.exit's wrapper and the exit handlers
     initialised = seen["initialised"]
@@ -118,7 +118,7 @@ def test_importing_makes_no_mpi_call_and_installs_no_hook(tmp_path):
     assert sorted(initialised["handlers"]) == sorted(
         [
             *fork,
-            "atexit: collectives._exit",
+            "atexit: collectives._safety.exit",
             "atexit: collectives._timeline",
         ]
     ), seen

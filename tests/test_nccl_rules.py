@@ -17,12 +17,13 @@ import threading
 import pytest
 
 import collectives as col
-from collectives import _dtypes, _errors, _nccl_group
-from collectives._backend import VERBS, Backend
-from collectives._deadline import overdue
-from collectives._mpi import MpiBackend
-from collectives._nccl import NcclBackend
-from collectives._nccl_rules import (
+from collectives import _dtypes, _errors
+from collectives._core.backend import VERBS, Backend
+from collectives._core.deadline import overdue
+from collectives._mpi.backend import MpiBackend
+from collectives._nccl import groups as _nccl_group
+from collectives._nccl.backend import NcclBackend
+from collectives._nccl.rules import (
     MULTI_RANK_GPU_VERSION,
     UUID_GPU_VERSION,
     cuda_error,

@@ -33,7 +33,7 @@ def host(a):
 
 @pytest.fixture
 def parts_comm(monkeypatch, backend):
-    from collectives import _mpi
+    from collectives._mpi import backend as _mpi
 
     monkeypatch.setattr(_mpi, "MAX_COUNT", 5)
     comm = col.init(backend, timeout=20.0)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import collectives as col
-from collectives._nccl import nccl_unavailable_reason
+from collectives._nccl.backend import nccl_unavailable_reason
 from tests.short_timeout import init_with_short_timeout
 
 WORLD_SIZES = (1, 2)
@@ -275,8 +275,8 @@ def test_auto_falls_back_to_mpi_where_ranks_share_a_gpu_nccl_cannot_share(monkey
 
     from mpi4py import MPI
 
-    from collectives._nccl import placement
-    from collectives._nccl_rules import shared_gpu_reason
+    from collectives._nccl.backend import placement
+    from collectives._nccl.rules import shared_gpu_reason
 
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
@@ -344,7 +344,7 @@ def test_split_drains_first_and_falls_back_without_comm_split(nccl, monkeypatch)
     missing a fresh communicator is made over the child's MPI communicator."""
     import cupy
 
-    from collectives._nccl import NcclBackend
+    from collectives._nccl.backend import NcclBackend
 
     x = cupy.ones(1 << 22, cupy.float32)
     work = nccl.all_reduce(x, async_op=True)
@@ -471,7 +471,7 @@ def test_an_error_from_comm_split_raises_on_every_rank_without_a_fallback(nccl):
 def test_event_done_says_true_once_an_event_completes(nccl):
     import cupy
 
-    from collectives._nccl import _event_done
+    from collectives._nccl.backend import _event_done
 
     event = nccl.stream.record(cupy.cuda.Event(disable_timing=True))
     nccl.stream.synchronize()

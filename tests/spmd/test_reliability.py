@@ -131,7 +131,7 @@ MISMATCHES = {
 def with_checks_over(comm, path: str):
     """Check over the node's shared memory (the default on one node), or over MPI (as when
     ranks span nodes)."""
-    from collectives._check import Checker
+    from collectives._safety.check import Checker
 
     guard = comm._books.checker
     if path == "mpi":

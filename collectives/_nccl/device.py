@@ -9,9 +9,9 @@ import socket
 import threading
 from typing import Any
 
-from ._backend import Bootstrap
-from ._errors import InvalidArgumentError
-from ._nccl_rules import event_query_done
+from .._core.backend import Bootstrap
+from .._errors import InvalidArgumentError
+from .rules import event_query_done
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -91,7 +91,7 @@ def choose_device(device: int | None, local_rank: int) -> int:
 
 def placement(device: int) -> tuple[str, str, str, str | None, int]:
     """(host, the GPU's PCI bus id, its UUID, ``NCCL_MULTI_RANK_GPU_ENABLE``, NCCL version):
-    what :func:`collectives._nccl_rules.shared_gpu_reason` decides from."""
+    what :func:`collectives._nccl.rules.shared_gpu_reason` decides from."""
     import cupy
     from cupy.cuda import nccl
 

@@ -1,6 +1,6 @@
 """The argument checks the verbs make before any communication: pure functions of the
 arguments and of the communicator's rank and size, shared by :class:`~collectives.Communicator`
-and the hierarchical view (:mod:`._hierarchical`).
+and the hierarchical view (:mod:`collectives._topology.hierarchical`).
 
 Each raises ``InvalidArgumentError`` naming the call, or returns what the call goes on with.
 
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
-from ._dtypes import check_op_for_dtype
-from ._errors import InvalidArgumentError
-from ._ops import ReduceOp, parse_op
+from .._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
+from .._dtypes import check_op_for_dtype
+from .._errors import InvalidArgumentError
+from .._ops import ReduceOp, parse_op
 
 
 def checked_op(call: str, op: Any, name: str) -> ReduceOp:

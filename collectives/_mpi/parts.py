@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
-from ._mpi_base import MPI_TYPE
-from ._ops import ReduceOp
+from .._ops import ReduceOp
+from .tables import MPI_TYPE
 
 if TYPE_CHECKING:
-    from ._mpi import MpiBackend, MpiPending
+    from .backend import MpiBackend, MpiPending
 
 #: the tag of the messages these calls are made of: apart from send/recv's, so that a user's
 #: message never matches a part of a collective

@@ -3,7 +3,7 @@
 A blocking MPI call (any collective on a communicator whose backend is ``blocking``:
 ``init(mpi_blocking=True)``) cannot be interrupted. :data:`WATCHDOG`, a daemon thread, reads
 each watched backend's ``blocked_since`` (the monotonic time its blocking call began, 0.0
-outside one) under the one deadline rule (:func:`._deadline.overdue`): no cost per call. The
+outside one) under the one deadline rule (:func:`collectives._core.deadline.overdue`): no cost per call. The
 error that a caller would have got is printed, the flight record dumped where asked, and the
 job aborted.
 
@@ -21,9 +21,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ._deadline import overdue
-from ._stderr import let_the_launcher_read_stderr
-from ._work import Pending
+from .._core.deadline import overdue
+from .._core.work import Pending
+from .._safety.stderr import let_the_launcher_read_stderr
 
 
 class _Watchdog:

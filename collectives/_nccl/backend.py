@@ -8,8 +8,8 @@ calls) leaves that stream waiting on its completion event; the host is not block
 two communicators are ordered only through the caller's stream: a synchronous call orders
 the next one, an ``async_op=True`` call does not until its ``Work.wait()``.
 
-Failure handling, the watchdog and the calls in flight are in :mod:`._nccl_flight`; the
-device, its stream and communicator creation in :mod:`._nccl_device`.
+Failure handling, the watchdog and the calls in flight are in :mod:`collectives._nccl.flight`; the
+device, its stream and communicator creation in :mod:`collectives._nccl.device`.
 """
 
 from __future__ import annotations
@@ -17,31 +17,31 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from . import _nccl_group as groups
-from . import _numerics
-from ._arrays import is_slot
-from ._backend import BackendContext, Bootstrap, Stager
-from ._deadline import overdue
-from ._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
-from ._errors import (
+from .. import _numerics
+from .._arrays import is_slot
+from .._core.backend import BackendContext, Bootstrap, Stager
+from .._core.deadline import overdue
+from .._dtypes import COMPLEX, NCCL_OP, NCCL_TYPE
+from .._errors import (
     BackendUnavailableError,
     CollectivesError,
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from ._nccl_device import (
+from .._ops import ReduceOp
+from . import groups
+from .device import (
     choose_device,
     create_communicator,
     nccl_unavailable_reason,
     new_stream,
     placement,
 )
-from ._nccl_device import event_done as _event_done  # noqa: F401  (imported from here)
-from ._nccl_device import finished as _finished
-from ._nccl_flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
-from ._nccl_nan import nan_flags, put_nan
-from ._nccl_rules import cuda_error, nccl_error
-from ._ops import ReduceOp
+from .device import event_done as _event_done  # noqa: F401  (imported from here)
+from .device import finished as _finished
+from .flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
+from .nan import nan_flags, put_nan
+from .rules import cuda_error, nccl_error
 
 __all__ = [
     "SPLIT_VERSION",

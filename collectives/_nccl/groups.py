@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ._errors import CollectivesError
-from ._nccl_rules import nccl_error
+from .._errors import CollectivesError
+from .rules import nccl_error
 
 
 @dataclass

@@ -17,10 +17,10 @@ import os
 import time
 from typing import Any, Callable
 
-from . import _timeline
-from ._deadline import overdue
-from ._dtypes import STORAGE
-from ._errors import CollectiveTimeoutError
+from .. import _timeline
+from .._dtypes import STORAGE
+from .._errors import CollectiveTimeoutError
+from .deadline import overdue
 
 
 class Pending:

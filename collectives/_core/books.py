@@ -6,7 +6,7 @@ Every call, on every backend, goes through ``Communicator._run``, which does thi
    one, from another thread, is refused);
 2. :meth:`CallBooks.number` it: ``seq`` counts every call; a collective also gets its number
    among collectives, ``seq - p2p``, written to this rank's word on the progress board and,
-   when due (:mod:`._guard`), verified by ``checker``;
+   when due (:mod:`collectives._safety.guard`), verified by ``checker``;
 3. issue it on the backend, which gives a ``Pending``, and append that to ``recorder``;
 4. wait for it (unless ``async_op=True`` or inside a group), under the timeout;
 5. :meth:`CallBooks.give` the token back.
@@ -25,8 +25,8 @@ from collections import deque
 from time import monotonic
 from typing import Any
 
-from ._check import POINT_TO_POINT
-from ._errors import CommunicatorStateError
+from .._errors import CommunicatorStateError
+from .._safety.check import POINT_TO_POINT
 
 IN_USE = (
     "the communicator is in use by another thread; issue collectives on one "
@@ -40,7 +40,7 @@ class CallBooks:
     Args:
         slots: the progress board's words (int64, a memoryview), or None: no board.
         slot: this rank's collective-number word there; ``slot + INSIDE - NUMBER`` its
-            word of the blocking call it is inside (see :mod:`._progress`).
+            word of the blocking call it is inside (see :mod:`collectives._safety.progress`).
         inside: the board's words from this rank's ``inside`` word on, indexed by ``slot``
             as ``slots`` is, or None.
         recorder_length: how many calls the flight recorder keeps.
@@ -51,7 +51,7 @@ class CallBooks:
             are numbered apart (``seq - p2p``) because ranks that pair up for send/recv make
             different numbers of them.
         current: ``(seq, call, shape, dtype)`` of the call being numbered or issued last.
-        checker: the ``Guard`` (:mod:`._guard`), or None; called for a collective when
+        checker: the ``Guard`` (:mod:`collectives._safety.guard`), or None; called for a collective when
             ``next_check`` (a collective number) is due, or when more than ``quiet`` seconds
             passed since ``last_call`` (the monotonic time of the last collective).
         recorder: the flight recorder, the last calls' pendings.

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError
 
 RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
 

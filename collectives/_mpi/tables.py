@@ -1,5 +1,5 @@
-"""What the MPI backend (:mod:`._mpi`) stands on: the datatype and op tables, what this MPI
-library can do, and :class:`MpiPending`, one request in flight. Check mode (:mod:`._check`)
+"""What the MPI backend (:mod:`collectives._mpi.backend`) stands on: the datatype and op tables, what this MPI
+library can do, and :class:`MpiPending`, one request in flight. Check mode (:mod:`collectives._safety.check`)
 uses them too, below the backend.
 """
 
@@ -15,9 +15,9 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _minmax
-from ._ops import ReduceOp
-from ._work import Pending
+from .._core.work import Pending
+from .._ops import ReduceOp
+from . import minmax as _minmax
 
 #: the tag of send/recv
 _TAG = 7071
@@ -72,7 +72,7 @@ UPCAST: set[str] = {"bfloat16"}
 
 #: ReduceOp -> MPI op (AVG is a sum divided afterwards); keyed for the verbs' ``op``, which
 #: the front end has checked is a ReduceOp wherever the call reduces. Max and min are ours
-#: (:mod:`._minmax`, set by :func:`mpi_tables`): MPI's keep one operand or the other at a
+#: (:mod:`collectives._mpi.minmax`, set by :func:`mpi_tables`): MPI's keep one operand or the other at a
 #: NaN or at +0.0 against -0.0, which gave ranks different bits
 MPI_OP: dict[ReduceOp | None, MPI.Op] = {
     ReduceOp.SUM: MPI.SUM,
@@ -86,7 +86,7 @@ _TABLES_LOCK = threading.Lock()
 def mpi_tables() -> None:
     """Complete the tables above, once: for the first MPI backend (``_mpi.ready``), never at
     import, since whether this MPI sums float16 takes an MPI call and max and min are MPI ops
-    (:func:`._minmax.ops`). Every entry is in place before the done mark (max's op) is."""
+    (:func:`collectives._mpi.minmax.ops`). Every entry is in place before the done mark (max's op) is."""
     if ReduceOp.MAX in MPI_OP:
         return
     with _TABLES_LOCK:

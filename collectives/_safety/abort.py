@@ -17,13 +17,13 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _fork
-from ._stderr import let_the_launcher_read_stderr as _let_the_launcher_read_stderr
+from . import fork as _fork
+from .stderr import let_the_launcher_read_stderr as _let_the_launcher_read_stderr
 
 
 def abort_on_exception(exit_code: int = 1) -> None:
     """Make an uncaught exception on this rank print once and ``MPI_Abort`` the whole job;
-    so do ``sys.exit(n)`` with ``n`` not 0 and leaving with a failed communicator (:mod:`._exit`).
+    so do ``sys.exit(n)`` with ``n`` not 0 and leaving with a failed communicator (:mod:`collectives._safety.exit`).
 
     On by default, from the first ``init``, when the world has more than one rank (see
     :func:`install_default`); calling it again changes nothing.
@@ -53,7 +53,7 @@ def abort_on_exception(exit_code: int = 1) -> None:
 
     hook._aborts_the_job = True  # type: ignore[attr-defined]
     sys.excepthook = hook
-    from ._exit import install
+    from .exit import install
 
     install()  # sys.exit(n), and leaving with a failed communicator, end the job too
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ._errors import CollectivesError
+from .._errors import CollectivesError
 
 #: First NCCL release that can put two ranks on one GPU (``NCCL_MULTI_RANK_GPU_ENABLE=1``);
 #: earlier ones stop communicator creation with "Duplicate GPU detected" (src/init.cc).

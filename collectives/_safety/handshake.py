@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ._errors import CollectiveTimeoutError
+from .._errors import CollectiveTimeoutError
 
 _TAG = 0x7C0
 _NONE = -1  # "every rank arrived", in rank 0's answer

@@ -19,19 +19,19 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
-from . import _exit
-from ._backend import Backend
-from ._books import IN_USE, CallBooks
-from ._errors import (
+from .._errors import (
     CollectivesError,
     CollectiveTimeoutError,
     CommunicatorStateError,
     InvalidArgumentError,
     event_name,
 )
-from ._handshake import arrive
-from ._progress import ProgressBoard
-from ._work import Pending
+from .._safety import exit as _exit
+from .._safety.handshake import arrive
+from .._safety.progress import ProgressBoard
+from .backend import Backend
+from .books import IN_USE, CallBooks
+from .work import Pending
 
 _get_ident = threading.get_ident
 
@@ -148,7 +148,7 @@ class Lifecycle:
         return self._unusable is not None
 
     def forked(self, parent: int) -> None:
-        """In a child forked from process ``parent`` (:mod:`._fork`): unusable from now on,
+        """In a child forked from process ``parent`` (:mod:`collectives._safety.fork`): unusable from now on,
         and closing it does nothing; no MPI call is made (MPI is the parent's)."""
         self._unusable = _Closed(
             f"communicator belongs to process {parent}, and this process ({os.getpid()}) is "
@@ -156,7 +156,7 @@ class Lifecycle:
         )
 
     def leaving(self, how: str) -> None:
-        """At exit, while other ranks have not all reached it (:mod:`._exit`): tell them that
+        """At exit, while other ranks have not all reached it (:mod:`collectives._safety.exit`): tell them that
         this rank left; their waits on this communicator then raise
         ``CommunicatorStateError`` naming it (a rank gone is the communicator's state).
         Local: one small message to each rank."""
@@ -173,7 +173,7 @@ class Lifecycle:
 
     def stuck_past(self) -> str | None:
         """A rank of this node inside a blocking call for a collective that this rank, which
-        is leaving, never made: it can neither complete nor see a notice (:mod:`._exit`)."""
+        is leaving, never made: it can neither complete nor see a notice (:mod:`collectives._safety.exit`)."""
         board = self._progress
         if self._unusable is not None or board is None:
             return None
@@ -219,7 +219,7 @@ class Lifecycle:
     def arrive(self, call: str) -> None:
         """Before blocking MPI steps that every rank takes (making communicators): return
         once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
-        not, the communicator dead (:mod:`._handshake`). Every rank calls it.
+        not, the communicator dead (:mod:`collectives._safety.handshake`). Every rank calls it.
 
         Example:
             >>> comm.arrive("hierarchical")     # then split: no rank blocks in MPI for ever
@@ -234,7 +234,7 @@ class Lifecycle:
             self._die(e)
 
     def check_peers(self, call: str) -> None:
-        """If another rank declared the communicator failed (:mod:`._guard`), raise the class
+        """If another rank declared the communicator failed (:mod:`collectives._safety.guard`), raise the class
         of its error, naming it (``CollectiveTimeoutError`` for a timeout: one class per
         event, :mod:`._errors`), the communicator dead; a wait that lasts calls it."""
         guard = self._books.checker

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._ops import ReduceOp
+from .._ops import ReduceOp
 
 #: the dtypes whose max and min need the NaN bytes
 FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})

@@ -37,8 +37,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ._check import Checker
-from ._errors import CollectiveMismatchError, CollectivesError, event_class
+from .._errors import CollectiveMismatchError, CollectivesError, event_class
+from .check import Checker
 
 EVERY_CALL_UNTIL = 8  # the first collectives, where a program's mistakes show first
 PERIOD = 1024  # then powers of two up to this, then every PERIOD-th

@@ -1,6 +1,6 @@
 """The MPI backend: mpi4py's non-blocking buffer calls on NumPy arrays (never pickling).
 
-Every verb takes the arguments it needs (:class:`~._backend.Backend` lists them; the front
+Every verb takes the arguments it needs (:class:`~collectives._core.backend.Backend` lists them; the front
 end has checked them) and returns a :class:`MpiPending`. CuPy arrays are staged through
 host memory unless the MPI library is CUDA-aware (:meth:`MpiBackend.run`).
 
@@ -9,7 +9,7 @@ reduce_scatter as one exchange...) depends only on what every rank agrees on: th
 dtype, the count, the op, the root, the communicator's settings and the MPI library; never on
 the Python type of the arrays a rank passes, nor on ``async_op``, as MPI matches no blocking
 call with a non-blocking one. The tables and the pending it stands on are in
-:mod:`._mpi_base`.
+:mod:`collectives._mpi.tables`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,15 @@ from typing import Any, Callable, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _mpi_parts
-from ._arrays import array_module, is_device_array, is_slot
-from ._backend import BackendContext, Verb
-from ._errors import CollectivesError
-from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here)
+from .._arrays import array_module, is_device_array, is_slot
+from .._core.backend import BackendContext, Verb
+from .._core.work import Pending
+from .._errors import CollectivesError
+from .._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
+from .._ops import ReduceOp
+from .._safety.progress import BLOCKING_CALLS
+from . import parts as _mpi_parts
+from .tables import (  # noqa: F401  (the backend's names, imported from here)
     _ABANDONED,
     _TAG,
     EXCHANGE_TAG,
@@ -42,11 +46,7 @@ from ._mpi_base import (  # noqa: F401  (the backend's names, imported from here
     mpi_cuda_aware,
     mpi_tables,
 )
-from ._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
-from ._ops import ReduceOp
-from ._progress import BLOCKING_CALLS
-from ._watchdog import WATCHDOG
-from ._work import Pending
+from .watchdog import WATCHDOG
 
 #: calls in flight on one communicator before those done are looked for
 _REAP_AT = 64
@@ -80,7 +80,7 @@ def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callab
 
 #: elements one MPI call is given: counts are C ints where MPI has no large-count calls
 #: (Open MPI 5), so larger calls are made in parts (``MpiBackend._in_parts``, and for the
-#: verbs that are not element-wise, :mod:`._mpi_parts`)
+#: verbs that are not element-wise, :mod:`collectives._mpi.parts`)
 MAX_COUNT = 2**31 - 1
 
 
@@ -195,7 +195,7 @@ class MpiBackend:
 
     def attach(self, context: BackendContext) -> None:
         """Take the front end's context; a blocking backend is watched
-        (:data:`._watchdog.WATCHDOG`), since nothing else can end a call stuck in MPI."""
+        (:data:`collectives._mpi.watchdog.WATCHDOG`), since nothing else can end a call stuck in MPI."""
         self._context = context
         if self.blocking:
             WATCHDOG.watch(self)
@@ -428,7 +428,7 @@ class MpiBackend:
         return self._whole(parts, x, out)
 
     def _whole(self, parts: list[MpiPending], x: Any, out: Any) -> MpiPending:
-        """One pending for a call made of ``parts`` (see :mod:`._mpi_parts`)."""
+        """One pending for a call made of ``parts`` (see :mod:`collectives._mpi.parts`)."""
         # _AllOf answers Test(), all that a pending asks of its request
         return MpiPending(cast(MPI.Request, _AllOf(parts)), (x, out), self.in_flight)
 
@@ -510,5 +510,5 @@ class MpiBackend:
 
 def ready() -> None:
     """What the MPI backend needs, made by the first one (or ``init``), not at import: the
-    tables (:func:`._mpi_base.mpi_tables`, which take MPI calls)."""
+    tables (:func:`collectives._mpi.tables.mpi_tables`, which take MPI calls)."""
     mpi_tables()

@@ -9,8 +9,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ._communicator import Communicator
-from ._errors import CommunicatorStateError, InvalidArgumentError
+from .._core.communicator import Communicator
+from .._errors import CommunicatorStateError, InvalidArgumentError
 
 
 def mesh_coords(rank: int, shape: Mapping[str, int]) -> dict[str, int]:

@@ -28,9 +28,9 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ._errors import CollectiveMismatchError, CollectivesError, CollectiveTimeoutError
-from ._mpi_base import MpiPending
-from ._work import Pending
+from .._core.work import Pending
+from .._errors import CollectiveMismatchError, CollectivesError, CollectiveTimeoutError
+from .._mpi.tables import MpiPending
 
 #: calls between two ranks only: there is nothing to compare across the whole communicator
 POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})

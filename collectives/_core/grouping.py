@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._backend import BackendContext
-from ._lifecycle import Lifecycle
-from ._work import Pending
+from .backend import BackendContext
+from .lifecycle import Lifecycle
+from .work import Pending
 
 
 class Grouping(Lifecycle):

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol, TypeVar
 
 from mpi4py import MPI
 
-from ._errors import CollectivesError, CollectiveTimeoutError
-from ._ops import ReduceOp
-from ._work import Pending, timeout_error
+from .._errors import CollectivesError, CollectiveTimeoutError
+from .._ops import ReduceOp
+from .work import Pending, timeout_error
 
 if TYPE_CHECKING:
-    from ._books import CallBooks
+    from .books import CallBooks
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class BackendContext:
 
     Attributes:
         waiter: what the backend passes to its pendings' waits (the front end's rules).
-        books: the front end's books (:mod:`._books`): ``seq()`` and ``current()`` read them,
+        books: the front end's books (:mod:`collectives._core.books`): ``seq()`` and ``current()`` read them,
             ``inside(code)`` posts a blocking call on the progress board.
         fail: ``fail(error)``: the backend raised ``error``, which ends the communicator where
             it is a timeout or the backend's ``failure`` (the front end then declares it dead).

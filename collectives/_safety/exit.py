@@ -18,15 +18,15 @@ handler, which runs before mpi4py's ``MPI_Finalize``):
   When every rank arrives, the job ends as usual: the program handled its failure.
 - a rank that leaves normally (``sys.exit(0)``, or the end of the program) while others have
   not reached the exit within :data:`EXIT_GRACE` tells every rank of its open communicators
-  that it left (a failure notice, :mod:`._guard`): a rank waiting in a collective it will
+  that it left (a failure notice, :mod:`collectives._safety.guard`): a rank waiting in a collective it will
   never make raises ``CommunicatorStateError`` naming the exit (and, uncaught, ends the job).
   A rank of the node inside a blocking MPI call past this rank's last collective cannot see
   that notice: then this rank aborts the job (exit code 1), naming its exit and that call.
   Ranks busy elsewhere are waited for, as ``MPI_Finalize`` would.
 
-Nothing of this runs in a child forked from a rank (:mod:`._fork`): it is no MPI process.
+Nothing of this runs in a child forked from a rank (:mod:`collectives._safety.fork`): it is no MPI process.
 
-On when ``COLLECTIVES_ABORT_ON_EXCEPTION`` is (see :mod:`._abort`). ``raise SystemExit(n)``
+On when ``COLLECTIVES_ABORT_ON_EXCEPTION`` is (see :mod:`collectives._safety.abort`). ``raise SystemExit(n)``
 written out is not seen (only ``sys.exit``): Python gives no hook for it.
 """
 
@@ -39,9 +39,9 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
-from . import _fork
-from ._fork import exit_code
-from ._stderr import let_the_launcher_read_stderr
+from . import fork as _fork
+from .fork import exit_code
+from .stderr import let_the_launcher_read_stderr
 
 FAILED_EXIT_CODE = 1
 #: seconds a rank that called ``sys.exit(n)`` waits for the others at the exit barrier: when

@@ -1,13 +1,13 @@
 """The public ``Communicator``: its verbs, bookkeeping, and dispatch to a backend.
 
-The verbs are thin: each checks its arguments locally (:mod:`._args`, so bad input fails
-before any communication), then ``_run`` keeps the books (:mod:`._books`) and runs the
+The verbs are thin: each checks its arguments locally (:mod:`collectives._core.args`, so bad input fails
+before any communication), then ``_run`` keeps the books (:mod:`collectives._core.books`) and runs the
 backend's verb of the same name, bound to what it takes but its arrays (``verb(x, out)``,
 which the MPI backend's stager may run on host copies). That is the one path of every call,
 on every backend, synchronous or not: which MPI or NCCL call a rank makes never depends on
 the Python type of the arrays it passes. Ownership, closing and failure are in
-:mod:`._lifecycle`, groups and the waits of held calls in :mod:`._grouping`; the backend
-reaches the communicator only through the :class:`~collectives._backend.BackendContext` it
+:mod:`collectives._core.lifecycle`, groups and the waits of held calls in :mod:`collectives._core.grouping`; the backend
+reaches the communicator only through the :class:`~collectives._core.backend.BackendContext` it
 is given.
 """
 
@@ -19,8 +19,18 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _fork, _timeline
-from ._args import (
+from .. import _timeline
+from .._arrays import as_given, unwrap
+from .._dtypes import COMPLEX
+from .._errors import (
+    CollectivesError,
+    InvalidArgumentError,
+)
+from .._ops import BY_NAME, ReduceOp
+from .._safety import fork as _fork
+from .._safety.guard import Guard
+from .._safety.progress import INSIDE, ProgressBoard
+from .args import (
     check_leading,
     check_peer,
     check_root,
@@ -32,20 +42,11 @@ from ._args import (
     checked_slot_out,
     new_like,
 )
-from ._arrays import as_given, unwrap
-from ._backend import Backend, BackendContext, Stager, Verb
-from ._books import CallBooks
-from ._dtypes import COMPLEX
-from ._errors import (
-    CollectivesError,
-    InvalidArgumentError,
-)
-from ._grouping import Grouping
-from ._guard import Guard
-from ._lifecycle import world_ranks
-from ._ops import BY_NAME, ReduceOp
-from ._progress import INSIDE, ProgressBoard
-from ._work import Work
+from .backend import Backend, BackendContext, Stager, Verb
+from .books import CallBooks
+from .grouping import Grouping
+from .lifecycle import world_ranks
+from .work import Work
 
 RECORDER_LENGTH = 64
 #: the types of the arrays a call may pass with nothing to stage through the host
@@ -493,7 +494,7 @@ class Communicator(Grouping):
         finally:
             books.busy = False
 
-    # The argument checks (:mod:`._args`), with this communicator's rank and size.
+    # The argument checks (:mod:`collectives._core.args`), with this communicator's rank and size.
     _op = staticmethod(checked_op)
     _new = staticmethod(new_like)
     _out = staticmethod(checked_out)

@@ -6,7 +6,7 @@ made on a parent's communicator completed with the parent's peer (whose own call
 the child's data), and the library's exit hooks, run in a child leaving with ``sys.exit(0)``,
 ended the job. After a fork, every communicator of the child is marked unusable without any
 MPI call (a call raises ``CommunicatorStateError``; ``close()`` is a no-op there), and the
-hooks of :mod:`._exit`, :mod:`._abort` and the MPI backend do nothing in a child.
+hooks of :mod:`collectives._safety.exit`, :mod:`collectives._safety.abort` and the MPI backend do nothing in a child.
 
 mpi4py calls ``MPI_Finalize`` after Python's exit handlers (``Py_AtExit``), and in a child
 that talks to the launcher as if it were the rank (MPICH's hung reading its socket, and the
@@ -47,7 +47,7 @@ def forked() -> bool:
 
 def watch(comm: Any) -> None:
     """Note a new communicator: ``comm.forked()`` is called in a forked child, and
-    ``comm.leaving(how)`` at exit (:mod:`._exit`)."""
+    ``comm.leaving(how)`` at exit (:mod:`collectives._safety.exit`)."""
     _LIVE.add(comm)
 
 

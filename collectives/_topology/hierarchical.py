@@ -22,15 +22,15 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ._args import check_leading, checked_op, checked_out, checked_slot_out, new_like
-from ._arrays import array_module, as_bfloat16, is_device_array, unwrap
-from ._communicator import Communicator
-from ._dtypes import FLOATING
-from ._errors import CommunicatorStateError, InvalidArgumentError
-from ._nccl_device import ordering_stream
-from ._nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
-from ._numerics import bfloat16_to_float32, divide_in_place, float32_copies, float32_to_bfloat16
-from ._ops import ReduceOp
+from .._arrays import array_module, as_bfloat16, is_device_array, unwrap
+from .._core.args import check_leading, checked_op, checked_out, checked_slot_out, new_like
+from .._core.communicator import Communicator
+from .._dtypes import FLOATING
+from .._errors import CommunicatorStateError, InvalidArgumentError
+from .._nccl.device import ordering_stream
+from .._numerics import bfloat16_to_float32, divide_in_place, float32_copies, float32_to_bfloat16
+from .._ops import ReduceOp
+from .nodes import NodeLayout, emulated_keys, node_layout, ranks_per_node_from_env
 
 _CALL = "hierarchical"
 
@@ -595,6 +595,6 @@ def _nccl_group_open(backend: str) -> bool:
     per thread: a step issued there would be held until the group's end)."""
     if backend != "nccl":
         return False
-    from ._nccl_group import current
+    from .._nccl.groups import current
 
     return current().open

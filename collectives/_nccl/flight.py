@@ -22,19 +22,19 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _nccl_group as groups
-from ._backend import BackendContext, Bootstrap
-from ._deadline import overdue
-from ._errors import (
+from .._core.backend import BackendContext, Bootstrap
+from .._core.deadline import overdue
+from .._core.work import Pending, timeout_error
+from .._errors import (
     CollectivesError,
     CollectiveTimeoutError,
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from ._nccl_device import event_done, finished, new_stream
-from ._nccl_rules import cuda_error, nccl_error
-from ._stderr import let_the_launcher_read_stderr
-from ._work import Pending, timeout_error
+from .._safety.stderr import let_the_launcher_read_stderr
+from . import groups
+from .device import event_done, finished, new_stream
+from .rules import cuda_error, nccl_error
 
 WATCHDOG_PERIOD_S = 0.1
 #: how long a host thread may stay inside NCCL after its call timed out before the job ends
@@ -103,7 +103,7 @@ class NcclPending(Pending):
 
 class WatchedCommunicator:
     """One ``cupy.cuda.nccl.NcclCommunicator``, its calls in flight and their watchdog: the
-    state :class:`~collectives._nccl.NcclBackend` issues on, and how it fails and aborts.
+    state :class:`~collectives._nccl.backend.NcclBackend` issues on, and how it fails and aborts.
     """
 
     def __init__(self, nccl_comm: Any, bootstrap: Bootstrap, device: int, timeout: float):

@@ -1,0 +1,1 @@
+"""Where ranks sit: the device mesh, nodes, and the hierarchical view."""
