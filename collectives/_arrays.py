@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from types import ModuleType
 from typing import Any
@@ -202,6 +203,11 @@ def overlap_check(call: str, x: Any, out: Any) -> bool:
 
 def _address(a: Any) -> int:
     if isinstance(a, np.ndarray):
+        if a.flags.writeable:  # a third of the time of __array_interface__, which makes a dict
+            try:
+                return ctypes.addressof(ctypes.c_char.from_buffer(a))
+            except (TypeError, ValueError, BufferError):  # a buffer that ctypes cannot take
+                pass
         return a.__array_interface__["data"][0]
     return a.data.ptr
 
