@@ -17,7 +17,10 @@ check mode, ``_safety/check.py``, whose comparisons are pendings of the call pat
 Example:
     >>> import collectives as col
     >>> comm = col.init()                   # mpiexec -n 4 python script.py
-    >>> comm.all_reduce(x, op="avg")
+    >>> grad = comm.xp.ones(4, comm.xp.float32)
+    >>> comm.all_reduce(grad, op="avg")     # in place: the mean over ranks
+    array([1., 1., 1., 1.], dtype=float32)
+    >>> comm.close()
 
 The layers above (``ddp``, ``pipeline``) use only what is exported here: ``comm.xp`` (the
 backend's array module), ``array_module``, ``to_array``, ``DTYPES``, the bfloat16 rounding

@@ -17,8 +17,9 @@ class BFloat16Array:
     """A uint16 array (NumPy or CuPy) whose bits are bfloat16 values.
 
     Example:
-        >>> bits = np.zeros(4, np.uint16)
-        >>> comm.all_reduce(as_bfloat16(bits))  # reduced as bfloat16
+        >>> bits = np.array([0x3F80, 0x4020], np.uint16)   # 1.0 and 2.5 in bfloat16
+        >>> comm.all_reduce(as_bfloat16(bits))             # reduced as bfloat16, in place
+        array([16256, 16416], dtype=uint16)
     """
 
     __slots__ = ("array",)
@@ -61,7 +62,9 @@ def array_module(x: Any) -> ModuleType:
     """``numpy`` or ``cupy``, whichever ``x`` belongs to.
 
     Example:
-        >>> xp = array_module(grad); xp.zeros_like(grad)
+        >>> xp = array_module(grad)      # cupy for a CuPy array
+        >>> xp.__name__, xp.zeros_like(grad)
+        ('numpy', array([0., 0., 0., 0.], dtype=float32))
     """
     if isinstance(x, BFloat16Array):
         x = x.array
@@ -74,7 +77,18 @@ def to_array(obj: Any, call: str = "to_array", arg: str = "x") -> Any:
     ``InvalidArgumentError`` naming ``call`` and ``arg``.
 
     Example:
-        >>> g = to_array(tensor.grad, "step", "grads['w']")   # a NumPy or CuPy view of it
+        >>> to_array(grad, "step", "grads['w']") is grad    # NumPy and CuPy arrays pass through
+        True
+        >>> class Tensor:                                     # as a CPU torch tensor: no copy
+        ...     def __init__(self, data):
+        ...         self.__array_interface__ = data.__array_interface__
+        ...         self.data = data
+        >>> g = to_array(Tensor(grad), "step", "grads['w']")  # a NumPy or CuPy view of it
+        >>> np.shares_memory(g, grad)
+        True
+        >>> to_array([1.0], "step", "grads['w']")
+        Traceback (most recent call last):
+        collectives._errors.InvalidArgumentError: step: grads['w'] must be a NumPy or CuPy array (or expose DLPack), got list
     """
     if isinstance(obj, (np.ndarray, BFloat16Array)) or is_device_array(obj):
         return obj
@@ -133,8 +147,10 @@ def as_given(result: Any, name: str, x: Any, out: Any = None) -> Any:
     ``as_bfloat16`` call gets uint16 bits back, as it passed them.
 
     Example:
+        >>> import ml_dtypes
         >>> x = np.ones(2, ml_dtypes.bfloat16)
         >>> comm.all_gather(x).dtype  # bfloat16, not uint16
+        dtype(bfloat16)
     """
     if name != "bfloat16" or result is None:
         return result

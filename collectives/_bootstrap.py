@@ -17,7 +17,10 @@ class MpiBootstrap:
 
     Example:
         >>> boot = MpiBootstrap(MPI.COMM_WORLD)
-        >>> uid = boot.share(nccl.get_unique_id)
+        >>> boot.share(lambda: "made on rank 0")   # the NCCL backend shares nccl.get_unique_id()
+        'made on rank 0'
+        >>> boot.allgather(boot.rank)              # every rank's value, in rank order
+        [0]
     """
 
     def __init__(self, mpi_comm: MPI.Comm):

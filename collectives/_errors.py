@@ -17,13 +17,22 @@ a rank left the program, holding it open       ``CommunicatorStateError``
 any later call on the dead communicator        ``CommunicatorStateError``
 =============================================  ===========================================
 
-Example:
+Example (at one rank: a recv that no send matches, then a later call):
+    >>> comm = col.init(timeout=0.2)
     >>> try:
-    ...     comm.all_reduce(x)   # rank 3 timed out in it first, and told this rank
+    ...     with comm.group():
+    ...         y = comm.recv(np.empty(3, np.float32), 0)
     ... except CollectiveTimeoutError as e:
-    ...     print(e)             # all_reduce: communicator is unusable: rank 3 (world rank 3)
-    ...                          # declared it failed: all_reduce #2 (shape (3,), ...) on rank 3
-    ...                          # did not complete after 3.0 s ...
+    ...     print(e)
+    recv #1 (shape (3,), float32) on rank 0 did not complete after 0.2 s (timeout 0.2 s); ...
+    >>> comm.all_reduce(x)
+    Traceback (most recent call last):
+    collectives._errors.CommunicatorStateError: all_reduce: communicator is unusable after an earlier error: recv #1 ...
+    >>> comm.close()
+
+On several ranks, a rank told of another's timeout raises the same class, naming that rank:
+``all_reduce: communicator is unusable: rank 3 (world rank 3) declared it failed:
+all_reduce #2 (shape (3,), float32) on rank 3 did not complete after 3.0 s ...``.
 """
 
 from __future__ import annotations

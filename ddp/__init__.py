@@ -3,7 +3,9 @@
 Example:
     >>> import collectives as col
     >>> from ddp import DistributedDataParallel
-    >>> ddp = DistributedDataParallel(params, col.init())
+    >>> comm = col.init()
+    >>> ddp = DistributedDataParallel(params, comm)    # params: name -> array, in model order
+    >>> comm.close()
 """
 
 from __future__ import annotations

@@ -131,6 +131,10 @@ class DistributedDataParallel:
 
     Example:
         >>> ddp = DistributedDataParallel(params, comm, bucket_cap_mb=25)
+        >>> def backward(x, y):                      # a model's gradients, last layers first
+        ...     yield "b", np.full(3, y, np.float32)
+        ...     yield "w", np.full((2, 3), x, np.float32)
+        >>> lr, batches = 0.5, [(1.0, 2.0), (3.0, 4.0)]
         >>> for x, y in batches:
         ...     ddp.zero_grad()
         ...     for name, g in backward(x, y):        # last layers first
@@ -139,6 +143,8 @@ class DistributedDataParallel:
         ...     ddp.finish()                         # grads now hold the mean over ranks
         ...     for name, p in params.items():
         ...         p -= lr * ddp.grads[name]
+        >>> params["b"]
+        array([-3., -3., -3.], dtype=float32)
     """
 
     def __init__(
@@ -402,9 +408,16 @@ class DistributedDataParallel:
         """Accumulate gradients locally: nothing is communicated inside.
 
         Example:
+            >>> ddp = DistributedDataParallel(params, comm)
+            >>> def backward(micro_batch):                  # adds its gradients
+            ...     for g in ddp.grads.values():
+            ...         g += micro_batch
+            >>> ddp.zero_grad()
             >>> with ddp.no_sync():
-            ...     backward(micro_batch_1); ddp.finish()   # records only
-            >>> backward(micro_batch_2); ddp.finish()       # reduces the sum of both
+            ...     backward(1.0); ddp.finish()   # records only
+            >>> backward(2.0); ddp.finish()       # reduces the sum of both
+            >>> ddp.grads["b"]
+            array([3., 3., 3.], dtype=float32)
         """
         if self._next > 0:
             raise InvalidArgumentError(
@@ -428,7 +441,11 @@ class DistributedDataParallel:
         buffers are the staging area, so ``ddp.grads`` hold the result too.
 
         Example:
+            >>> ddp = DistributedDataParallel(params, comm)
+            >>> my_grads = {"w": np.full((2, 3), 2.0, np.float32), "b": np.ones(3, np.float32)}
             >>> ddp.sync_gradients(my_grads)      # my_grads now hold the mean over ranks
+            >>> my_grads["b"]
+            array([1., 1., 1.], dtype=float32)
         """
         call = "sync_gradients"
         if not self._sync:
@@ -496,7 +513,9 @@ class DistributedDataParallel:
         ``buffers`` is a mapping name -> array or a sequence of arrays.
 
         Example:
-            >>> ddp.broadcast_buffers({"bn.mean": mean, "bn.var": var})
+            >>> ddp = DistributedDataParallel(params, comm)
+            >>> mean, var = np.zeros(3, np.float32), np.ones(3, np.float32)
+            >>> ddp.broadcast_buffers({"bn.mean": mean, "bn.var": var})   # rank 0's, in place
         """
         call = "broadcast_buffers"
         if not (int(root) == root and 0 <= root < self.comm.size):

@@ -89,9 +89,15 @@ def tune_bucket_cap(
     a compression hook the best cap may differ.
 
     Example:
+        >>> import ddp
         >>> tuning = ddp.tune_bucket_cap(comm, params, caps_mb=(1, 5, 25))
         >>> print(tuning)                  # a table of caps, buckets and times
-        >>> DistributedDataParallel(params, comm, bucket_cap_mb=tuning.cap_mb)
+        bucket cap tuning: 0.0 MiB of gradients, 1 ranks, median of 5 reductions per cap (rank 0's)
+          cap MB  buckets         ms
+               1        1 ...
+               5        1 ...
+              25        1 ...
+        >>> model = ddp.DistributedDataParallel(params, comm, bucket_cap_mb=tuning.cap_mb)
     """
     if not isinstance(params, Mapping) or len(params) == 0:
         raise InvalidArgumentError(

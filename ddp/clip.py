@@ -74,8 +74,15 @@ def clip_grad_norm(
     returned without scaling anything.
 
     Example:
-        >>> norm = clip_grad_norm(ddp.grads, 1.0)               # replicated
-        >>> norm = clip_grad_norm(shard_grads, 1.0, comm=tp)   # sharded over tp
+        >>> grads = {"w": np.full(4, 3.0, np.float32), "b": np.full(4, 4.0, np.float32)}
+        >>> clip_grad_norm(grads, 1.0)              # replicated (ddp.grads): sqrt(4*9 + 4*16)
+        10.0
+        >>> grads["w"].round(6)                     # scaled by 1/10
+        array([0.3, 0.3, 0.3, 0.3], dtype=float32)
+        >>> tp = comm                               # the tensor-parallel communicator
+        >>> shard_grads = [np.full(4, 0.5, np.float32)]
+        >>> clip_grad_norm(shard_grads, 10.0, comm=tp)   # sharded over tp: the whole norm
+        1.0
     """
     call = "clip_grad_norm"
     if not (max_norm > 0):

@@ -7,6 +7,7 @@ Stateless hooks are plain functions; hooks with state (PowerSGD, Int8Quantize) a
 objects whose state is keyed by ``bucket.index``.
 
 Example:
+    >>> from ddp import DistributedDataParallel, hooks
     >>> ddp = DistributedDataParallel(params, comm, hook=hooks.PowerSGD(rank=2))
 """
 
@@ -98,6 +99,7 @@ def allreduce(comm: CommunicatorLike, bucket: Any) -> Any:
     lets overflow in half precision where the mean fits).
 
     Example:
+        >>> from ddp import DistributedDataParallel, hooks
         >>> ddp = DistributedDataParallel(params, comm, hook=hooks.allreduce)
     """
     return comm.all_reduce(bucket.buffer, op="avg", async_op=True)
@@ -183,6 +185,7 @@ def fp16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
     float64 data is divided by the world size (avg), cast to float16, summed and cast back.
 
     Example:
+        >>> from ddp import DistributedDataParallel, hooks
         >>> hook = hooks.fp16_compress_wrapper(hooks.PowerSGD(rank=4))
         >>> ddp = DistributedDataParallel(params, comm, hook=hook)
     """
@@ -197,6 +200,7 @@ def bf16_compress_wrapper(hook: Any) -> Callable[[Any, Any], Any]:
     with ``collectives.as_bfloat16`` (NCCL reduces them natively; the MPI backend in float32).
 
     Example:
+        >>> from ddp import hooks
         >>> hook = hooks.bf16_compress_wrapper(hooks.allreduce)   # = hooks.bf16_compress
     """
     return _compress_wrapper(hook, _BFLOAT16)
@@ -229,6 +233,7 @@ class PowerSGD:
         seed: seed of the initial Q (the same on every rank).
 
     Example:
+        >>> from ddp import DistributedDataParallel, hooks
         >>> ddp = DistributedDataParallel(params, comm, hook=hooks.PowerSGD(rank=4, start_iter=10))
     """
 
@@ -345,6 +350,7 @@ class Int8Quantize:
         chunk_size: elements that share one scale (absmax / 127).
 
     Example:
+        >>> from ddp import DistributedDataParallel, hooks
         >>> ddp = DistributedDataParallel(params, comm, hook=hooks.Int8Quantize())
     """
 

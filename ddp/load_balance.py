@@ -75,12 +75,19 @@ class LoadBalancer:
         size: number of ranks when ``comm`` is None.
 
     Example:
+        >>> import time
+        >>> from ddp import DistributedDataParallel
+        >>> ddp = DistributedDataParallel(params, comm)
+        >>> def train_step(n):                      # forward and backward of n samples
+        ...     ddp.zero_grad()
         >>> lb = LoadBalancer(comm, global_batch=256)
-        >>> for step in range(steps):
+        >>> for step in range(3):
         ...     n = lb.local_batch                  # this rank's share
         ...     ddp.weight = lb.weight              # n / 256
         ...     t0 = time.perf_counter(); train_step(n); ddp.finish()
-        ...     lb.record(time.perf_counter() - t0, n)
+        ...     shares = lb.record(time.perf_counter() - t0, n)
+        >>> shares                                  # every rank's share of the next step
+        [256]
     """
 
     def __init__(

@@ -30,9 +30,11 @@ class LocalSGD:
 
     Example:
         >>> local = LocalSGD(params, comm, period=8)
-        >>> for batch in batches:
-        ...     sgd_step(params, grad(params, batch))   # purely local
-        ...     local.step()                            # averages every 8th call
+        >>> for batch in range(16):
+        ...     params["w"] -= 0.1 * params["w"]        # an optimizer step: purely local
+        ...     averaged = local.step()                 # True every 8th call: averaged
+        >>> local.averages
+        2
     """
 
     def __init__(

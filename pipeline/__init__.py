@@ -2,11 +2,14 @@
 
 Example:
     >>> import pipeline
-    >>> schedule = pipeline.schedules.one_f_one_b(4, 8)
-    >>> schedule.validate()
+    >>> schedule = pipeline.schedules.one_f_one_b(4, 8).validate()   # raises unless it can run
     >>> pipeline.simulate(schedule, forward=1, backward=2).bubble_fraction  # 3/11
     0.2727272727272727
-    >>> losses = pipeline.run(schedule, comm, [pipeline.Stage(fwd, bwd)], inputs=..., targets=..., loss_fn=...)
+    >>> stage = pipeline.Stage(lambda x, mb: 2 * x, lambda dy, mb: 2 * dy)   # this rank's chunk
+    >>> mse = lambda y, t: (float(((y - t) ** 2).mean()), 2 * (y - t) / y.size)
+    >>> pipeline.run(pipeline.schedules.one_f_one_b(comm.size, 2), comm, [stage],
+    ...              inputs=[x, x], targets=[2 * x, x], loss_fn=mse)   # at one rank: every stage
+    [0.0, 3.5]
 """
 
 from . import mlp, schedules

@@ -50,11 +50,20 @@ def run(
     Returns:
         On the rank of the last stage, the losses in microbatch order; None elsewhere.
 
-    Example (2 ranks, one stage each)::
+    Example (``comm.size`` ranks, one stage each, two microbatches)::
 
-        >>> losses = pipeline.run(one_f_one_b(2, 4), comm, [Stage(fwd, bwd)],
+        >>> import pipeline
+        >>> from pipeline import Stage
+        >>> from pipeline.schedules import one_f_one_b
+        >>> fwd, bwd = (lambda x, mb: 2 * x), (lambda dy, mb: 2 * dy)
+        >>> def mse(y, t):
+        ...     return float(((y - t) ** 2).mean()), 2 * (y - t) / y.size
+        >>> xs, ts, last = [x, x + 1], [2 * x, 2 * x], comm.size - 1
+        >>> losses = pipeline.run(one_f_one_b(comm.size, 2), comm, [Stage(fwd, bwd)],
         ...                       inputs=xs if comm.rank == 0 else None,
-        ...                       targets=ts if comm.rank == 1 else None, loss_fn=mse)
+        ...                       targets=ts if comm.rank == last else None, loss_fn=mse)
+        >>> losses              # on the last rank; None on the others (one rank here)
+        [0.0, 4.0]
     """
     _check(schedule, comm, stages, inputs, targets, loss_fn)
     try:

@@ -17,8 +17,15 @@ def tied_group(
     ``ranks`` defaults to the first and last: ``(0, comm.size - 1)``.
 
     Example:
-        >>> tied = pipeline.tied_group(mesh["pp"])        # once
-        >>> pipeline.reduce_tied(tied, [grad_embedding])  # after every pipeline.run
+        >>> import pipeline
+        >>> with col.DeviceMesh(comm, {"pp": comm.size}) as mesh:
+        ...     tied = pipeline.tied_group(mesh["pp"])        # once
+        ...     grad_embedding = np.ones(4, np.float32)       # this rank's use of the weight
+        ...     pipeline.reduce_tied(tied, [grad_embedding])  # after every pipeline.run
+        ...     if tied is not None:                          # None: no tied weight here
+        ...         tied.close()
+        >>> grad_embedding                # the sum over the holders (at one rank, one use)
+        array([1., 1., 1., 1.], dtype=float32)
     """
     members = sorted({0, comm.size - 1} if ranks is None else {int(r) for r in ranks})
     if any(not 0 <= r < comm.size for r in members):

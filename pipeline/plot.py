@@ -2,8 +2,10 @@
 
 Example:
     >>> from pipeline import plot, schedules, simulate
-    >>> plot.schedule(schedules.zero_bubble(4, 8), "zb.png")
-    >>> plot.timelines([simulate(schedules.one_f_one_b(4, 8)), simulate(schedules.zero_bubble(4, 8))], "cmp.png")
+    >>> plot.schedule(schedules.zero_bubble(4, 8), "zb.png")  # doctest: +SKIP
+    PosixPath('zb.png')
+    >>> plot.timelines([simulate(schedules.one_f_one_b(4, 8)), simulate(schedules.zero_bubble(4, 8))], "cmp.png")  # doctest: +SKIP
+    PosixPath('cmp.png')
 """
 
 from __future__ import annotations

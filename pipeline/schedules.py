@@ -361,7 +361,12 @@ def best(
         >>> choice = best(4, 8, forward=1, backward=2, weight=1, max_activations=4)
         >>> choice.schedule.name, choice.simulation.makespan
         ('interleaved-zb x4', 24.75)
-        >>> print(choice)  # the table of everything compared  # doctest: +SKIP
+        >>> print(choice)  # the table of everything compared
+        schedule              makespan  bubble peak act.  fits
+        gpipe                       33   27.3%         8  no
+        ...
+        interleaved-zb x4        24.75    3.0%         4  yes <- best
+        ...
     """
     _check("best", stages, microbatches)
     if overlap is not None and saving is not None:

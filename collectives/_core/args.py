@@ -6,10 +6,10 @@ Each raises ``InvalidArgumentError`` naming the call, or returns what the call g
 
 Example:
     >>> checked_op("all_reduce", "avg", "float32")
-    <ReduceOp.AVG: 'avg'>
+    <ReduceOp.AVG: 4>
     >>> check_root("reduce", 4, size=4)
     Traceback (most recent call last):
-    InvalidArgumentError: reduce: root must be an int in [0, 4), got 4
+    collectives._errors.InvalidArgumentError: reduce: root must be an int in [0, 4), got 4
 """
 
 from __future__ import annotations

@@ -67,10 +67,15 @@ class BackendContext:
             asked (``COLLECTIVES_FLIGHT_RECORDER``), before a backend ends the job.
 
     Example:
+        >>> from collectives._mpi.backend import MpiBackend
+        >>> backend = MpiBackend(comm.mpi_comm)
         >>> context = BackendContext(comm, comm._books, comm._fatal, comm._mpi_error,
-        ...                          comm._dump_flight_record)
+        ...                          comm._dump_flight_record)   # as the Communicator does
         >>> backend.attach(context)
+        >>> pending = backend.all_reduce(x, x, "float32", ReduceOp.SUM)
         >>> context.wait(pending)            # pending.wait under the communicator's rules
+        >>> pending.done
+        True
     """
 
     # __weakref__: the watchdog of blocking calls holds contexts weakly
@@ -146,8 +151,13 @@ class Backend(Protocol):
     implement it (checked by mypy where ``_init`` builds them).
 
     Example:
-        >>> impl: Backend = MpiBackend(mpi_comm)
-        >>> pending = impl.all_reduce(x, x, "float32", ReduceOp.SUM)
+        >>> from collectives._mpi.backend import MpiBackend
+        >>> impl: Backend = MpiBackend(comm.mpi_comm)
+        >>> impl.attach(comm._context)                   # the front end's, before any call
+        >>> pending = impl.all_reduce(x, x, "float32", ReduceOp.SUM)   # x in, x out
+        >>> pending.wait(comm)                           # under the communicator's rules
+        >>> pending.done, x
+        (True, array([0., 1., 2., 3.], dtype=float32))
     """
 
     name: str
@@ -240,7 +250,11 @@ class Bootstrap(Protocol):
     starts none itself.
 
     Example:
-        >>> uid = bootstrap.share(nccl.get_unique_id)   # rank 0's id, on every rank
+        >>> from collectives._bootstrap import MpiBootstrap
+        >>> bootstrap: Bootstrap = MpiBootstrap(comm.mpi_comm)
+        >>> uid = bootstrap.share(lambda: b"id")   # nccl.get_unique_id: rank 0's id, on every rank
+        >>> uid
+        b'id'
     """
 
     rank: int

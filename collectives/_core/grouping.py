@@ -26,7 +26,9 @@ class Grouping(Lifecycle):
         Example (a ring exchange that cannot deadlock):
             >>> with comm.group():
             ...     comm.send(x, (comm.rank + 1) % comm.size)
-            ...     comm.recv(y, (comm.rank - 1) % comm.size)
+            ...     y = comm.recv(np.empty_like(x), (comm.rank - 1) % comm.size)
+            >>> y                  # the previous rank's x (at one rank: its own)
+            array([0., 1., 2., 3.], dtype=float32)
         """
         return _Group(self)
 

@@ -5,7 +5,10 @@ it leaves), and what a wait says on the progress board.
 :class:`Lifecycle` is a base of ``Communicator``, which sets the attributes declared here.
 
 Example:
+    >>> comm = col.init()
+    >>> worker = threading.Thread(target=lambda: comm.all_reduce(comm.xp.ones(4)))
     >>> comm.hand_over(worker)     # only worker may issue calls from now on
+    >>> worker.start(); worker.join()
     >>> comm.close()               # or comm.abort(): no waiting for calls in flight
 """
 
@@ -67,9 +70,17 @@ class Lifecycle:
         (CUDA's current device is per thread): :meth:`device_scope`.
 
         Example:
+            >>> def train(comm):
+            ...     with comm.device_scope():
+            ...         comm.all_reduce(comm.xp.ones(4))
+            >>> comm = col.init()
             >>> worker = threading.Thread(target=train, args=(comm,))
             >>> comm.hand_over(worker)     # before worker.start() is fine
+            >>> comm.barrier()             # this thread's calls are refused from now on
+            Traceback (most recent call last):
+            collectives._errors.CommunicatorStateError: barrier: called from thread 'MainThread', but the communicator belongs to thread 'Thread-...' ...
             >>> worker.start()             # train starts with `with comm.device_scope():`
+            >>> worker.join(); comm.close()
         """
         if not isinstance(thread, threading.Thread):
             raise InvalidArgumentError(
@@ -93,9 +104,11 @@ class Lifecycle:
             ...     with comm.device_scope():   # first thing in the thread
             ...         x = comm.xp.ones(4)
             ...         comm.all_reduce(x)
+            >>> comm = col.init()
             >>> worker = threading.Thread(target=train, args=(comm,))
             >>> comm.hand_over(worker)
             >>> worker.start()
+            >>> worker.join(); comm.close()
         """
         if self.device is None:
             return contextlib.nullcontext()

@@ -8,7 +8,11 @@ error that a caller would have got is printed, the flight record dumped where as
 job aborted.
 
 Example:
-    >>> WATCHDOG.watch(backend)     # an MPI backend whose collectives are blocking
+    >>> from collectives._mpi.backend import MpiBackend
+    >>> backend = MpiBackend(comm.mpi_comm, blocking=True)   # its collectives are blocking
+    >>> WATCHDOG.watch(backend)     # as backend.attach does; held weakly
+    >>> backend in WATCHDOG.backends
+    True
 """
 
 from __future__ import annotations

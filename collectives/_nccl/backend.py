@@ -67,7 +67,7 @@ class NcclBackend(WatchedCommunicator):
     """Collectives over one ``cupy.cuda.nccl.NcclCommunicator``.
 
     Example:
-        >>> impl = make_nccl_backend(MpiBootstrap(mpi_comm), device=0, timeout=600.0)
+        >>> impl, extra = make_nccl_backend(MpiBootstrap(mpi_comm), device=0, timeout=600.0)  # doctest: +SKIP
     """
 
     name = "nccl"

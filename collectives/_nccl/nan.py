@@ -24,7 +24,9 @@ def nan_flags(cupy: Any, op: ReduceOp, name: str, x: Any, device: int) -> Any | 
     needs none). Computed on the caller's stream, which the NCCL call is ordered after.
 
     Example:
-        >>> flags = nan_flags(cupy, ReduceOp.MAX, "float32", x, comm.device)
+        >>> flags = nan_flags(cupy, ReduceOp.MAX, "float32", x, comm.device)  # doctest: +SKIP
+        >>> nan_flags(None, ReduceOp.SUM, "float32", x, 0) is None   # sum needs none
+        True
     """
     if op not in (ReduceOp.MAX, ReduceOp.MIN) or name not in FLOATS:
         return None

@@ -30,7 +30,7 @@ def abort_on_exception(exit_code: int = 1) -> None:
 
     Example:
         >>> import collectives as col
-        >>> col.abort_on_exception()
+        >>> col.abort_on_exception()     # doctest: +SKIP
     """
     previous = sys.excepthook
     if getattr(previous, "_aborts_the_job", False):

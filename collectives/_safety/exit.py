@@ -65,8 +65,8 @@ def install() -> None:
     """Wrap ``sys.exit`` and register the exit handler (once).
 
     Example:
-        >>> from collectives import _exit
-        >>> _exit.install()
+        >>> from collectives._safety.exit import install
+        >>> install()          # doctest: +SKIP
     """
     if _STATE.installed:
         return

@@ -62,11 +62,13 @@ def hierarchical(
     call does).
 
     Example:
+        >>> from ddp import DistributedDataParallel
         >>> comm = col.init()                      # COLLECTIVES_RANKS_PER_NODE=2 mpiexec -n 4 ...
         >>> hcomm = col.hierarchical(comm)         # 2 nodes of 2 ranks
         >>> hcomm.all_reduce(grad, op="avg")       # as comm.all_reduce(grad, op="avg")
+        array([1., 1., 1., 1.], dtype=float32)
         >>> ddp = DistributedDataParallel(params, comm=hcomm)
-        >>> hcomm.close()
+        >>> hcomm.close(); comm.close()
     """
     if not isinstance(comm, Communicator):
         raise InvalidArgumentError(
@@ -205,8 +207,14 @@ class HierarchicalCommunicator:
 
     Example:
         >>> hcomm = col.hierarchical(comm)
+        >>> hcomm.nodes, hcomm.node, hcomm.local_rank, hcomm.local_size
+        (1, 0, 0, 1)
         >>> hcomm.all_reduce(x)                      # in place, as comm.all_reduce(x)
-        >>> work = hcomm.all_gather(y, async_op=True); work.wait()
+        array([0., 1., 2., 3.], dtype=float32)
+        >>> work = hcomm.all_gather(x, async_op=True)
+        >>> work.wait()                              # one row per rank
+        array([[0., 1., 2., 3.]], dtype=float32)
+        >>> hcomm.close()
     """
 
     def __init__(

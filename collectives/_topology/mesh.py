@@ -65,9 +65,11 @@ class DeviceMesh:
     ``comm``).
 
     Example:
-        >>> with col.DeviceMesh(comm, {"pp": 2, "dp": 2, "tp": 2}) as mesh:
-        ...     mesh["tp"].all_reduce(partial)   # over the ranks differing only along tp
-        ...     mesh.coord                       # e.g. {'pp': 1, 'dp': 0, 'tp': 1}
+        >>> shape = {"pp": 1, "dp": comm.size, "tp": 1}   # on 8 ranks: {"pp": 2, "dp": 2, "tp": 2}
+        >>> with col.DeviceMesh(comm, shape) as mesh:
+        ...     partial = mesh["tp"].all_reduce(x)   # over the ranks differing only along tp
+        ...     mesh.coord                           # on rank 5 of 8: {'pp': 1, 'dp': 0, 'tp': 1}
+        {'pp': 0, 'dp': 0, 'tp': 0}
     """
 
     def __init__(self, comm: Communicator, shape: Mapping[str, int]):
