@@ -221,7 +221,7 @@ def _address(a: Any) -> int:
     if isinstance(a, np.ndarray):
         if a.flags.writeable:  # a third of the time of __array_interface__, which makes a dict
             try:
-                return ctypes.addressof(ctypes.c_char.from_buffer(a))
+                return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
             except (TypeError, ValueError, BufferError):  # a buffer that ctypes cannot take
                 pass
         return a.__array_interface__["data"][0]
