@@ -110,7 +110,7 @@ class BackendContext:
 
     def inside(self, code: int) -> None:
         """Post on the progress board that this rank is inside the blocking MPI call ``code``
-        (``_progress.BLOCKING_CALLS``) of its current collective; 0: it has returned."""
+        (``_safety.progress.BLOCKING_CALLS``) of its current collective; 0: it has returned."""
         self.books.inside(code)
 
     @property

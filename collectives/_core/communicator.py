@@ -87,7 +87,7 @@ class Communicator(Grouping):
         self.local_rank: int = self._progress.local_rank
         self.local_size: int = len(self._progress.members)
         # A waiting rank polls like MPI's own wait. When it shares its core with another rank
-        # (_progress.shares_a_core), the rank it waits for may need this core: then yield it
+        # (_safety/progress.py, shares_a_core), the rank it waits for may need this core: then yield it
         # (every YIELD_EVERY tests) from the first test, not after 10 ms of polling.
         #: seconds a waiting rank polls before it yields its core between polls
         self.yield_after = 0.0 if self._progress.shares_a_core else 1e-2
@@ -125,7 +125,7 @@ class Communicator(Grouping):
                 f"communicator {_COUNT[0]} ({backend}, size {self.size})"
             )
         self._check_mode = bool(check)
-        if self.size > 1 or check:  # see _guard: failure notices and scheduled checks
+        if self.size > 1 or check:  # see _safety/guard.py: failure notices and scheduled checks
             books.checker = Guard(
                 self, self._check_mode, books, self.check_peers, self._fatal, self._progress
             )

@@ -13,7 +13,7 @@ are user-defined MPI ops (commutative) whose result does not depend on the order
 
 That is the maximum (minimum) of a total order, so any tree of combinations gives the same
 bits. Integers take ``numpy.maximum`` / ``numpy.minimum`` (exact). Every MPI path takes these
-ops (``_mpi_base.MPI_OP``, so the direct path's ``FAST_OP`` too), whatever the dtype:
+ops (``tables.MPI_OP``), whatever the dtype:
 bfloat16, and float16 where MPI has no float16, are reduced in float32 and rounded after.
 """
 
@@ -31,7 +31,7 @@ _PIECE = 1 << 14
 
 
 def _dtypes() -> dict[int, np.dtype]:
-    """MPI datatype handle -> the NumPy dtype it reduces (those in ``_mpi_base.MPI_TYPE``)."""
+    """MPI datatype handle -> the NumPy dtype it reduces (those in ``tables.MPI_TYPE``)."""
     pairs = [
         ("INT8_T", np.int8),
         ("UINT8_T", np.uint8),
@@ -115,7 +115,7 @@ _OPS: list[MPI.Op] = []
 
 def ops() -> tuple[MPI.Op, MPI.Op]:
     """``MPI_MAX`` and ``MPI_MIN`` with the same bits on every rank (above), made on the first
-    call (``_mpi_base.mpi_tables``), not at import: ``MPI_Op_create`` is an MPI call."""
+    call (``tables.mpi_tables``), not at import: ``MPI_Op_create`` is an MPI call."""
     if not _OPS:
         _OPS.extend(
             [

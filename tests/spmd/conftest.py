@@ -14,8 +14,8 @@ not leave the others one collective behind), and this rank's outcomes are writte
 Tests take the communicator from the ``comm`` fixture, the array module from ``xp`` and, when
 they call ``col.init`` themselves, the backend name from ``backend``. Under a CuPy backend
 where CuPy cannot run (no GPU, no NCCL, more ranks than NCCL allows on the GPUs) these
-fixtures skip with the reason. Tests about NumPy on MPI alone (the direct path, host-only
-errors) are marked ``numpy_only`` and skip under the CuPy backends.
+fixtures skip with the reason. Tests about NumPy on MPI alone (the MPI backend's own settings,
+host-only errors) are marked ``numpy_only`` and skip under the CuPy backends.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ CHOICES[1] = math.copysign(math.nan, -1.0)
 
 
 class Tagged(np.ndarray):
-    """A NumPy array the direct path does not take: the general path's."""
+    """A NumPy subclass: the same calls as a plain array's."""
 
 
 def _values(rank: int, count: int) -> np.ndarray:

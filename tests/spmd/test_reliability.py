@@ -1,8 +1,8 @@
 """Timeouts, check mode and the flight recorder, across real ranks.
 
 Every communicator is made on the backend under test (the ``backend`` fixture) and every
-array is of its module (``xp``); the tests of the MPI backend's direct path for NumPy arrays
-are marked ``numpy_only``.
+array is of its module (``xp``); the tests of the MPI backend's calls on NumPy arrays are
+marked ``numpy_only``.
 
 White-box in one place on purpose (one of the few test modules that reach private names):
 ``with_checks_over(comm, "mpi")`` puts check mode on the comparison over MPI that ranks on
@@ -268,8 +268,8 @@ def test_ranks_may_mix_the_forms_of_one_call(backend, xp):
     comm.close()
 
 
-@pytest.mark.numpy_only(reason="the direct path of synchronous calls on NumPy arrays")
-def test_a_direct_call_holds_the_communicator_against_other_threads():
+@pytest.mark.numpy_only(reason="the MPI backend's synchronous calls on NumPy arrays")
+def test_a_call_holds_the_communicator_against_other_threads():
     import threading
 
     comm = col.init("mpi", timeout=1.5, mpi_blocking=False)
@@ -297,8 +297,8 @@ def test_a_direct_call_holds_the_communicator_against_other_threads():
     comm.close()
 
 
-@pytest.mark.numpy_only(reason="the direct path of synchronous calls on NumPy arrays")
-def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
+@pytest.mark.numpy_only(reason="the MPI backend's synchronous calls on NumPy arrays")
+def test_a_call_that_outlasts_its_polling_is_waited_on_and_completes():
     comm = col.init("mpi", timeout=30.0, mpi_blocking=False)
     late = comm.size - 1  # the rank that arrives 0.1 s after the others
     x = np.full(3, comm.rank + 1.0)
@@ -324,7 +324,7 @@ def test_a_direct_call_that_outlasts_its_polling_is_waited_on_and_completes():
     comm.close()
 
 
-@pytest.mark.numpy_only(reason="the direct path's Work, on NumPy arrays")
+@pytest.mark.numpy_only(reason="the MPI backend's Work, on NumPy arrays")
 def test_works_that_outlast_their_polls_are_waited_on_in_any_order():
     comm = col.init("mpi", timeout=30.0, mpi_blocking=False)
     for _ in range(EVERY_CALL_UNTIL):  # past the calls whose numbers are all compared
@@ -357,8 +357,8 @@ def test_works_that_outlast_their_polls_are_waited_on_in_any_order():
     comm.close()
 
 
-@pytest.mark.numpy_only(reason="the direct path's Work, on NumPy arrays")
-def test_a_direct_work_times_out_naming_its_call():
+@pytest.mark.numpy_only(reason="the MPI backend's Work, on NumPy arrays")
+def test_a_work_times_out_naming_its_call():
     comm = init_with_short_timeout("mpi", 1.0, mpi_blocking=False)
     x = np.ones(3)
     comm.barrier()
