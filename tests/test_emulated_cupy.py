@@ -130,3 +130,22 @@ def test_ncclerror_as_cupy_builds_it_and_a_bad_pointer_faults_the_device():
     assert lines[2] == "KeyError 7", out
     assert lines[3] == "700", out  # cudaErrorIllegalAddress, sticky
     assert lines[4] == "destroyed: 4", out
+
+
+def test_integer_avg_divides_toward_zero_down_to_the_types_most_negative_value():
+    # NCCL's SumPostDiv is C's division (toward zero); the type's most negative value has no
+    # positive counterpart, so a division through abs() would wrap (int8: -128 / 2 gave +64)
+    out = run(
+        """
+        import numpy as np
+        from cupy.cuda.nccl import _int_divide
+        for dtype in (np.int8, np.int32, np.int64, np.uint8):
+            info = np.iinfo(dtype)
+            values = np.array([info.min, info.min + 1, 0, 1, 7, info.max], dtype)
+            for n in (1, 2, 3, 4):
+                want = [int(v) // n if v >= 0 else -(-int(v) // n) for v in values.tolist()]
+                assert _int_divide(values, n).tolist() == want, (dtype, n)
+        print("divided")
+        """
+    )
+    assert "divided" in out

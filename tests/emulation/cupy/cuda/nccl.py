@@ -412,8 +412,11 @@ def _int_divide(values: np.ndarray, n: int) -> np.ndarray:
     """C's integer division (toward zero), as NCCL's SumPostDiv."""
     if values.dtype.kind == "u":
         return values // values.dtype.type(n)
-    quotient = np.abs(values) // values.dtype.type(n)
-    return np.where(values < 0, -quotient, quotient).astype(values.dtype)
+    divisor = values.dtype.type(n)
+    # floor division, then one up where a negative value left a remainder: no abs(), which
+    # wraps at the type's most negative value
+    quotient = values // divisor
+    return (quotient + ((values < 0) & (values % divisor != 0))).astype(values.dtype)
 
 
 # ---------------------------------------------------------------- the communicator
