@@ -14,7 +14,7 @@ is given.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -49,6 +49,8 @@ from .lifecycle import world_ranks
 from .work import Work
 
 RECORDER_LENGTH = 64
+#: the calls whose arguments differ by role (root or not)
+_ROOTED = frozenset(("reduce", "broadcast", "gather", "scatter"))
 #: the types of the arrays a call may pass with nothing to stage through the host
 _HOST = frozenset({np.ndarray, type(None)})
 _get_ident = threading.get_ident
@@ -187,7 +189,7 @@ class Communicator(Grouping):
         op = self._op("reduce", op, name)
         if self.rank != root:
             if out is not None:
-                self._out("reduce", out, x, name, x.shape)
+                self._role_checked(self._out, "reduce", out, x, name, x.shape)
             result = as_given(x, name, *given)
             verb = self._impl.reduce
             return self._run(
@@ -195,7 +197,10 @@ class Communicator(Grouping):
                 lambda x, out: verb(x, out, name, op, root),
                 x, None, name, op, root, async_op, result,
             )  # fmt: skip
-        out = x if out is None else self._out("reduce", out, x, name, x.shape)
+        if out is not None:
+            out = self._role_checked(self._out, "reduce", out, x, name, x.shape)
+        else:
+            out = x
         result = as_given(out, name, *given)
         verb = self._impl.reduce
         return self._run(
@@ -289,7 +294,10 @@ class Communicator(Grouping):
                 x, None, name, None, root, async_op, None,
             )  # fmt: skip
         shape = (self.size, *x.shape)
-        out = self._new(x, shape) if out is None else self._slot_out("gather", out, x, name, shape)
+        if out is None:
+            out = self._new(x, shape)
+        else:
+            out = self._role_checked(self._slot_out, "gather", out, x, name, shape)
         result = as_given(out, name, *given)
         verb = self._impl.gather
         return self._run(
@@ -305,6 +313,20 @@ class Communicator(Grouping):
         ``x`` of root's shape (only its shape and dtype are used)."""
         root = self._root("scatter", root)
         given = x, out
+        try:  # which arguments a rank passes depends on its role: see _role_checked
+            send, out, name = self._scatter_args(x, root, out)
+        except InvalidArgumentError as e:
+            self._fail_one_sided(e)
+        result = as_given(out, name, *given)
+        impl = self._impl
+        return self._run(
+            "scatter",
+            lambda x, out: impl.scatter(x, out, name, root),
+            send, out, name, None, root, async_op, result,
+        )  # fmt: skip
+
+    def _scatter_args(self, x: Any, root: int, out: Any) -> tuple[Any, Any, str]:
+        """scatter's (send buffer, out, dtype name), checked."""
         if x is not None:
             x, name = unwrap(x, "scatter")
             self._leading("scatter", x)
@@ -321,14 +343,7 @@ class Communicator(Grouping):
             )
         else:
             out, name = unwrap(out, "scatter", "out")
-        send = x if self.rank == root else None
-        result = as_given(out, name, *given)
-        impl = self._impl
-        return self._run(
-            "scatter",
-            lambda x, out: impl.scatter(x, out, name, root),
-            send, out, name, None, root, async_op, result,
-        )  # fmt: skip
+        return (x if self.rank == root else None), out, name
 
     def send(self, x: Any, peer: int, *, async_op: bool = False) -> Any:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
@@ -464,10 +479,15 @@ class Communicator(Grouping):
             raise self._unusable_error(call)
         if _get_ident() != self._owner:
             self._own(call)
-        if self._check_arrays is not None:
-            self._check_arrays(call, x, out)
-        if type(out) is np.ndarray and not out.flags.writeable:
-            check_writeable(call, x, out)
+        try:
+            if self._check_arrays is not None:
+                self._check_arrays(call, x, out)
+            if type(out) is np.ndarray and not out.flags.writeable:
+                check_writeable(call, x, out)
+        except InvalidArgumentError as e:
+            if root is not None and call in _ROOTED:
+                self._rooted_arrays_failed(call, x, e)
+            raise
         books = self._books
         if books.busy:
             books.take(call)  # raises
@@ -500,6 +520,31 @@ class Communicator(Grouping):
     _op = staticmethod(checked_op)
     _new = staticmethod(new_like)
     _out = staticmethod(checked_out)
+
+    def _role_checked(self, check: Any, call: str, *args: Any) -> Any:
+        """``check(call, *args)``, a check of an argument that only ranks of one role (root,
+        or not root) pass or use: where it fails, see :meth:`_fail_one_sided`."""
+        try:
+            return check(call, *args)
+        except InvalidArgumentError as e:
+            self._fail_one_sided(e)
+
+    def _rooted_arrays_failed(self, call: str, x: Any, error: InvalidArgumentError) -> NoReturn:
+        """The backend's and the writeability checks of a rooted call's arrays failed: the
+        array every rank passes alike (x; none for scatter, whose arrays depend on the role)
+        fails locally, by checking it again alone; any other failed by role."""
+        if call != "scatter" and self._check_arrays is not None:
+            self._check_arrays(call, x, None)
+        self._fail_one_sided(error)
+
+    def _fail_one_sided(self, error: InvalidArgumentError) -> NoReturn:
+        """An argument error that depends on this rank's role, so that the other ranks' call
+        goes on: the communicator fails on every rank, as after a timeout (this rank raises
+        ``error``; the others the same class naming it at their current wait or next call).
+        Local only in a world of one, or on another thread (refused alike)."""
+        if self._unusable is None and self.size > 1 and _get_ident() == self._owner:
+            self._die(error)
+        raise error
 
     def _root(self, call: str, root: Any) -> int:
         return check_root(call, root, self.size)

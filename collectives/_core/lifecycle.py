@@ -311,8 +311,11 @@ class Lifecycle:
             self._progress.close()
             self._progress = None
         # A communicator with calls still in flight is left to MPI_Finalize: freeing it under
-        # a pending collective crashes Open MPI when the request is next tested.
-        if self.mpi_comm != MPI.COMM_NULL and not self._impl.unfinished:
+        # a pending collective crashes Open MPI when the request is next tested. So is one
+        # that failed: another rank may still have calls in flight on it (a rank that raised
+        # an argument error before posting its gather leaves its peers' sends pending), and
+        # Open MPI's next communicator then met the wrong peers' messages.
+        if self.mpi_comm != MPI.COMM_NULL and not self._impl.unfinished and not self._failed:
             self.mpi_comm.Free()
         if self._books.checker is not None:
             self._books.checker.close(failed=self._failed)
