@@ -12,9 +12,8 @@ from ._bootstrap import MpiBootstrap
 from ._core.backend import Backend
 from ._core.communicator import Communicator
 from ._errors import BackendUnavailableError, InvalidArgumentError
-from ._mpi import backend as _mpi
 from ._mpi.backend import MpiBackend
-from ._mpi.tables import blocking_by_default
+from ._mpi.tables import blocking_by_default, mpi_tables
 from ._nccl.rules import shared_gpu_reason
 from ._safety import exit as _exit
 from ._safety.abort import install_default
@@ -130,10 +129,10 @@ def init(
 
 def _start() -> None:
     """What importing collectives leaves to the first ``init`` (each step once): the MPI
-    backend's tables (``_mpi.ready``), the timeline, then the exception and exit hooks
+    backend's tables (``mpi_tables``), the timeline, then the exception and exit hooks
     (``_abort.install_default``). Exit handlers run last registered first: the exit barrier
     of :mod:`collectives._safety.exit` runs before the timeline's."""
-    _mpi.ready()
+    mpi_tables()
     _timeline.start()
     install_default()
 

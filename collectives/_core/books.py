@@ -39,8 +39,8 @@ class CallBooks:
 
     Args:
         slots: the progress board's words (int64, a memoryview), or None: no board.
-        slot: this rank's collective-number word there; ``slot + INSIDE - NUMBER`` its
-            word of the blocking call it is inside (see :mod:`collectives._safety.progress`).
+        slot: this rank's collective-number word there (see
+            :mod:`collectives._safety.progress`).
         inside: the board's words from this rank's ``inside`` word on, indexed by ``slot``
             as ``slots`` is, or None.
         recorder_length: how many calls the flight recorder keeps.

@@ -168,7 +168,7 @@ class MpiBackend:
     def __init__(
         self, mpi_comm: MPI.Comm, cuda_aware: bool | None = None, blocking: bool | None = None
     ):
-        ready()
+        mpi_tables()  # made by the first backend (or init), never at import
         self.comm = mpi_comm
         self.size = mpi_comm.Get_size()
         self.rank = mpi_comm.Get_rank()
@@ -506,9 +506,3 @@ class MpiBackend:
     def abort(self) -> None:
         # What MPI has not finished keeps its arrays, and its communicator (see ``unfinished``).
         self.unfinished = abandon(self.in_flight) > 0 or self.unfinished
-
-
-def ready() -> None:
-    """What the MPI backend needs, made by the first one (or ``init``), not at import: the
-    tables (:func:`collectives._mpi.tables.mpi_tables`, which take MPI calls)."""
-    mpi_tables()

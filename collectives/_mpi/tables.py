@@ -84,7 +84,7 @@ _TABLES_LOCK = threading.Lock()
 
 
 def mpi_tables() -> None:
-    """Complete the tables above, once: for the first MPI backend (``_mpi.ready``), never at
+    """Complete the tables above, once: for the first MPI backend (or ``init``), never at
     import, since whether this MPI sums float16 takes an MPI call and max and min are MPI ops
     (:func:`collectives._mpi.minmax.ops`). Every entry is in place before the done mark (max's op) is."""
     if ReduceOp.MAX in MPI_OP:

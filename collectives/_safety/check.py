@@ -38,11 +38,8 @@ _DESCRIPTION = 512  # bytes of one rank's description of its call, as exchanged
 _LEFT: list = []  # private communicators not freed: a comparison may still be in flight
 
 
-def describe_call(
-    seq: int, call: str, shape: Any, dtype: Any, root: Any, op: Any, form: Any = None
-) -> dict:
-    """The fields every rank must agree on for one call (point-to-point calls excluded);
-    ``form``, where ranks must make a call alike: "synchronous" or "async_op=True"."""
+def describe_call(seq: int, call: str, shape: Any, dtype: Any, root: Any, op: Any) -> dict:
+    """The fields every rank must agree on for one call (point-to-point calls excluded)."""
     return {
         "seq": seq,
         "call": call,
@@ -50,7 +47,6 @@ def describe_call(
         "dtype": dtype,
         "root": root,
         "op": None if op is None else str(op),
-        "form": form,
     }
 
 
@@ -108,39 +104,33 @@ class Checker:
         elif MPI.Get_version() >= (4, 0) and hasattr(self.mpi, "Allreduce_init"):
             self._request = self.mpi.Allreduce_init(MPI.IN_PLACE, self._spec, MPI.MAX)
 
-    def verify(
-        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any, form: Any = None
-    ) -> None:
+    def verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks make this call.
 
         ``seq`` numbers collectives only: point-to-point calls are not compared. A check that
         times out makes the communicator dead, as the call itself would have.
         """
         try:
-            self._verify(seq, call, array, name, op, root, form)
+            self._verify(seq, call, array, name, op, root)
         except CollectiveTimeoutError as e:
             self.fail(e)
             raise
 
-    def _verify(
-        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any, form: Any
-    ) -> None:
-        shape, fp = self._fingerprint(seq, call, array, name, op, root, form)
+    def _verify(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
+        shape, fp = self._fingerprint(seq, call, array, name, op, root)
         if self._board is not None:
             if self._all_posted_the_same(seq, ((seq & 0x7FFFFFFF) << 32) | fp, call):
                 return
-            self._raise_mismatch(seq, call, shape, name, root, op, form)
+            self._raise_mismatch(seq, call, shape, name, root, op)
         self._start(fp)
         if not self._finish(seq, call):
-            self._raise_mismatch(seq, call, shape, name, root, op, form)
+            self._raise_mismatch(seq, call, shape, name, root, op)
 
-    def post(
-        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any, form: Any = None
-    ) -> None:
+    def post(self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
         """Start comparing this call over MPI without waiting; :meth:`finish` (on every rank
         at the same later call) waits for the comparison and raises on a mismatch."""
-        shape, fp = self._fingerprint(seq, call, array, name, op, root, form)
-        self._posted = (seq, call, shape, name, root, op, form)
+        shape, fp = self._fingerprint(seq, call, array, name, op, root)
+        self._posted = (seq, call, shape, name, root, op)
         self._start(fp)
 
     def finish(self) -> int | None:
@@ -149,29 +139,29 @@ class Checker:
         posted, self._posted = self._posted, None
         if posted is None:
             return None
-        seq, call, shape, name, root, op, form = posted
+        seq, call, shape, name, root, op = posted
         try:
             same = self._finish(seq, call)
         except CollectiveTimeoutError as e:
             self.fail(e)
             raise
         if not same:
-            self._raise_mismatch(seq, call, shape, name, root, op, form)
+            self._raise_mismatch(seq, call, shape, name, root, op)
         return seq
 
     def _fingerprint(
-        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any, form: Any
+        self, seq: int, call: str, array: Any, name: Any, op: Any, root: Any
     ) -> tuple[Any, int]:
         shape = None if array is None else array.shape
         if call == "scatter" and root == self.rank and shape is not None:
             shape = shape[1:]  # root holds the whole (size, *shape) array
         # Hash the call's fields once per distinct call (a training loop repeats a few), then
         # mix in the sequence number, which changes every time.
-        key = (call, shape, name, root, op, form)
+        key = (call, shape, name, root, op)
         fixed = self._hashes.get(key)
         if fixed is None:
             code = -1 if op is None else int(op)
-            fixed = zlib.crc32(f"{call}|{shape}|{name}|{root}|{code}|{form}".encode())
+            fixed = zlib.crc32(f"{call}|{shape}|{name}|{root}|{code}".encode())
             if len(self._hashes) < 4096:
                 self._hashes[key] = fixed
         return shape, fixed ^ ((seq * 0x9E3779B1) & 0xFFFFFFFF)
@@ -235,10 +225,10 @@ class Checker:
                 waiting._waited(self.comm)
 
     def _raise_mismatch(
-        self, seq: int, call: str, shape: Any, name: Any, root: Any, op: Any, form: Any
+        self, seq: int, call: str, shape: Any, name: Any, root: Any, op: Any
     ) -> None:
         """Every rank found a difference: exchange descriptions and raise the same error."""
-        fields = describe_call(seq, call, shape, name, root, op, form)
+        fields = describe_call(seq, call, shape, name, root, op)
         # Non-blocking and under the timeout: a rank that died meanwhile must not hang the others.
         mine = np.frombuffer(repr(fields).encode()[:_DESCRIPTION].ljust(_DESCRIPTION), np.uint8)
         every = np.empty((self.comm.size, _DESCRIPTION), np.uint8)

@@ -183,12 +183,8 @@ class Guard:
             self.checker = Checker(comm, fail, board, shared_memory=every_call)
         self.verified = 0  # the last collective compared across ranks
 
-    def verify(
-        self, nth: int, call: str, array: Any, name: Any, op: Any, root: Any, form: Any = None
-    ) -> None:
-        """Called by ``CallBooks.number`` (see the module docstring for when); ``form`` is the
-        call's form where ranks must make it alike ("synchronous" or "async_op=True"), else
-        None."""
+    def verify(self, nth: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:
+        """Called by ``CallBooks.number`` (see the module docstring for when)."""
         self.check_peers(call)
         books = self.books
         checker = self.checker
@@ -196,7 +192,7 @@ class Guard:
             return  # verified for the quiet gap only: the schedule is the same on every rank
         if self.every_call:
             books.next_check = nth + 1
-            checker.verify(nth, call, array, name, op, root, form)
+            checker.verify(nth, call, array, name, op, root)
             return
         try:
             compared = checker.finish()
@@ -207,7 +203,7 @@ class Guard:
         if compared is not None:
             self.verified = compared
         if scheduled(nth):
-            checker.post(nth, call, array, name, op, root, form)
+            checker.post(nth, call, array, name, op, root)
             books.next_check = nth + 1  # where this comparison is finished
         else:
             books.next_check = next_check(nth)

@@ -32,7 +32,6 @@ BLOCKING_CALLS = {
     7: "gather",
     8: "scatter",
     11: "barrier",
-    12: "sendrecv",
 }
 _TEXT = 120  # per rank: the call it waits in, "all_reduce (shape (3,), float64)", UTF-8
 _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
