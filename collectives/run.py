@@ -23,8 +23,10 @@ import argparse
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from ._errors import InvalidArgumentError
@@ -36,6 +38,7 @@ from ._launch.launcher import (
     launcher_environment,
     mpi_family,
     unreachable,
+    write_machinefile,
 )
 from ._launch.supervise import Ended, job_command, summary, supervise
 from ._launch.watch import Stop, run_watched
@@ -173,20 +176,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def run(hosts: list[Host], restart: int) -> Ended:
         program = job_command(options.command, options.resume, hosts, restart)
+        machinefile = None
+        if options.family == "impi":
+            machinefile = write_machinefile(hosts, Path(scratch) / f"hosts-{restart}")
         argv = launch_command(
             options.family, options.launcher, hosts, program,
             remote_shell=options.remote_shell, env={RESTART_VARIABLE: str(restart)},
-            options=options.launcher_options,
+            options=options.launcher_options, machinefile=machinefile,
         )  # fmt: skip
         return run_watched(
             argv, {**env, RESTART_VARIABLE: str(restart)}, hosts, find_gone,
             watch=options.watch, grace=options.grace, stop=stop, say=say,
         )  # fmt: skip
 
-    outcome = supervise(
-        options.hosts, run, find_gone, max_restarts=options.max_restarts,
-        min_hosts=options.min_hosts, interrupted=lambda: stop.requested, say=say,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="collectives-run-") as scratch:
+        outcome = supervise(
+            options.hosts, run, find_gone, max_restarts=options.max_restarts,
+            min_hosts=options.min_hosts, interrupted=lambda: stop.requested, say=say,
+        )  # fmt: skip
     if outcome.stopped is not None or len(outcome.attempts) > 1:
         print(summary(outcome), file=sys.stderr, flush=True)
     return outcome.returncode

@@ -39,7 +39,8 @@ def parse_hosts(spec: str, ranks_per_host: int = 1) -> list[Host]:
     entries = [e.strip() for e in spec.split(",")]
     if not spec.strip() or "" in entries:
         raise InvalidArgumentError(f"--hosts {spec!r}: expected host[:ranks],host[:ranks],...")
-    return _checked([_host(e, ranks_per_host, "--hosts") for e in entries], "--hosts")
+    hosts = [_host(e, ranks_per_host, "--hosts") for e in entries]
+    return _checked(hosts, ["--hosts"] * len(hosts))
 
 
 def read_hostfile(path: str | Path, ranks_per_host: int = 1) -> list[Host]:
@@ -58,7 +59,7 @@ def read_hostfile(path: str | Path, ranks_per_host: int = 1) -> list[Host]:
         text = Path(path).read_text()
     except OSError as error:
         raise InvalidArgumentError(f"{where}: cannot be read ({error.strerror})") from None
-    hosts = []
+    hosts, wheres = [], []
     for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
@@ -70,10 +71,11 @@ def read_hostfile(path: str | Path, ranks_per_host: int = 1) -> list[Host]:
             raise InvalidArgumentError(
                 f"{where}, line {number}: {line.strip()!r}, expected name, name:n or name slots=n"
             )
-        hosts.append(_host(entry, ranks_per_host, f"{where}, line {number}"))
+        wheres.append(f"{where}, line {number}")
+        hosts.append(_host(entry, ranks_per_host, wheres[-1]))
     if not hosts:
         raise InvalidArgumentError(f"{where}: names no host")
-    return _checked(hosts, where)
+    return _checked(hosts, wheres)
 
 
 def _host(entry: str, ranks_per_host: int, where: str) -> Host:
@@ -87,9 +89,10 @@ def _host(entry: str, ranks_per_host: int, where: str) -> Host:
     return Host(name, int(count))
 
 
-def _checked(hosts: list[Host], where: str) -> list[Host]:
+def _checked(hosts: list[Host], wheres: list[str]) -> list[Host]:
+    """``hosts``, each named once (``wheres``: where each was read, for the error)."""
     seen: set[str] = set()
-    for host in hosts:
+    for host, where in zip(hosts, wheres):
         if host.name in seen:
             raise InvalidArgumentError(f"{where}: host {host.name} is named twice")
         seen.add(host.name)

@@ -4,8 +4,10 @@ shell, and the probe of a host through that same remote shell.
 Each family names the hosts and the remote shell its own way (checked with MPICH 5.0's
 Hydra, Open MPI 5.0's prterun and Intel MPI 2021's Hydra):
 
-- MPICH and Intel MPI (Hydra): ``-launcher ssh -launcher-exec SHELL -hosts a:2,b:2``,
-  variables for the ranks with ``-genv NAME VALUE``;
+- MPICH and Intel MPI (Hydra): ``-launcher ssh -launcher-exec SHELL``, the hosts with
+  ``-hosts a:2,b:2`` (MPICH) or a machine file of ``a:2`` lines (Intel MPI's ``-hosts``
+  takes no counts: it puts ``-ppn`` ranks, the number of cores by default, on each host in
+  turn), variables for the ranks with ``-genv NAME VALUE``;
 - Open MPI (PRRTE): ``--host a:2,b:2 --prtemca plm_ssh_agent SHELL``, variables with
   ``-x NAME=VALUE`` (it passes on no other variable of this process to other hosts).
 """
@@ -95,10 +97,12 @@ def launch_command(
     remote_shell: str,
     env: Mapping[str, str] | None = None,
     options: Sequence[str] = (),
+    machinefile: str | None = None,
 ) -> list[str]:
     """The command that starts ``program`` on ``hosts`` (each host's ranks numbered after
     those of the hosts before it) with the launcher of ``family``; ``env``: variables for
-    every rank; ``options``: more of the launcher's own, put before the program.
+    every rank; ``options``: more of the launcher's own, put before the program;
+    ``machinefile``: where :func:`write_machinefile` wrote ``hosts``, for Intel MPI.
 
     >>> hosts = [Host("a", 2), Host("b", 2)]
     >>> " ".join(launch_command("mpich", "mpiexec", hosts, ["python", "train.py"],
@@ -107,6 +111,9 @@ def launch_command(
     >>> " ".join(launch_command("openmpi", "mpirun", hosts, ["python", "train.py"],
     ...                         remote_shell="ssh"))
     'mpirun --host a:2,b:2 -n 4 --prtemca plm_ssh_agent ssh python train.py'
+    >>> " ".join(launch_command("impi", "mpiexec", hosts, ["python", "train.py"],
+    ...                         remote_shell="ssh", machinefile="job.hosts"))
+    'mpiexec -launcher ssh -launcher-exec ssh -machinefile job.hosts -n 4 python train.py'
     """
     if family not in FAMILIES:
         raise InvalidArgumentError(f"launch_command: family {family!r}, expected one of {FAMILIES}")
@@ -117,10 +124,21 @@ def launch_command(
         head = [launcher, "--host", where, "-n", size, "--prtemca", "plm_ssh_agent", remote_shell]
         head += [w for name, value in variables.items() for w in ("-x", f"{name}={value}")]
     else:
-        head = [launcher, "-launcher", "ssh", "-launcher-exec", remote_shell, "-hosts", where]
-        head += ["-n", size]
+        head = [launcher, "-launcher", "ssh", "-launcher-exec", remote_shell]
+        if family == "impi":
+            if machinefile is None:
+                raise InvalidArgumentError("launch_command: Intel MPI needs a machinefile")
+            head += ["-machinefile", machinefile, "-n", size]
+        else:
+            head += ["-hosts", where, "-n", size]
         head += [w for name, value in variables.items() for w in ("-genv", name, value)]
     return [*head, *options, *program]
+
+
+def write_machinefile(hosts: Sequence[Host], path: str | Path) -> str:
+    """Write ``hosts`` to ``path`` as Hydra's machine file (``name:n`` lines); returns it."""
+    Path(path).write_text("".join(f"{h}\n" for h in hosts))
+    return str(path)
 
 
 def launcher_environment(environ: Mapping[str, str]) -> dict[str, str]:
