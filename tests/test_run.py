@@ -113,6 +113,16 @@ def test_too_few_hosts_left_stops_before_relaunching(tmp_path):
     assert "(exit code 137): 2 hosts left, fewer than --min-hosts 3" in done.stderr
 
 
+def test_a_launcher_that_exits_0_having_lost_a_host_is_restarted(tmp_path):
+    """As Open MPI's launcher exits 0 when it loses a host: the probe after it finds out."""
+    done, made = run_wrapper(
+        tmp_path, ["down c exit 0", "exit 0"], "--max-restarts", "1", "--watch", "0"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the job ended with exit code 0, hosts gone: c; restart 1 of 1" in done.stderr
+    assert made[1]["argv"][5] == "a:2,b:2"
+
+
 def test_the_watch_ends_a_launcher_that_outlives_a_lost_host(tmp_path):
     """As Open MPI's and Intel MPI's launchers hang when a link is cut."""
     start = time.monotonic()

@@ -89,9 +89,9 @@ def supervise(
 ) -> Outcome:
     """Run the job (``run(hosts, restart)``) until it succeeds or must stop.
 
-    After a failed run the hosts gone are those the watch saw go while it ran and those
-    ``find_gone(hosts)`` finds after it (a launcher that exits 0 having lost a host, as Open
-    MPI's does, failed). The next run has the others; the loop stops when ``max_restarts``
+    After every run, the hosts gone are those the watch saw go while it ran and those
+    ``find_gone(hosts)`` finds after it; a run failed if its launcher's exit code is not 0
+    or a host is gone (Open MPI's launcher exits 0 when it loses a host). The next run has the others; the loop stops when ``max_restarts``
     restarts are spent, fewer than ``min_hosts`` hosts remain or ``interrupted()``.
     ``say(line)`` tells of each restart before it starts.
 
@@ -116,10 +116,10 @@ def supervise(
         ended = run(current, restart)
         attempt = Attempt(restart, current, ended, started=started, seconds=clock() - started)
         attempts.append(attempt)
-        if ended.returncode == 0 and not ended.lost:
-            return Outcome(attempts, None, 0)
         found = find_gone(current) if not interrupted() else []
         attempt.gone = [h.name for h in current if h.name in {*ended.lost, *found}]
+        if attempt.succeeded:
+            return Outcome(attempts, None, 0)
         # a launcher that said 0 but lost a host did not finish the job
         returncode = ended.returncode or 1
         current = [h for h in current if h.name not in attempt.gone]
