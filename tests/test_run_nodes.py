@@ -1,8 +1,9 @@
-"""A job that outlives a node: ``python -m collectives.run`` runs the GPT example on 3
-emulated nodes (``tests/nodes.py``), one of which is killed mid-run; the job finishes on the
-2 left, resumed from the newest complete checkpoint resharded to the smaller mesh, with the
-losses of a run started on those 2 nodes from that checkpoint. Skipped where nodes cannot be
-made (not root, no ``unshare``). About 30 s under MPICH on 2 cores."""
+"""A job that outlives a node: ``python -m collectives.run`` on 3 emulated nodes
+(``tests/nodes.py``). The GPT example, one node killed mid-run: the job finishes on the 2
+left, resumed from the newest complete checkpoint resharded to the smaller mesh, with the
+losses of a run started on those 2 nodes from that checkpoint. A node's link cut: the
+launcher, which hangs, is ended and the job finishes on the 2 left. Skipped where nodes
+cannot be made (not root, no ``unshare``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +26,24 @@ GPT = [sys.executable, str(REPO / "examples" / "gpt_3d.py"), "--tp", "2", "--zer
 STEP = re.compile(r"^step (\d+) loss (\S+)$")
 
 
-def lose(nodes: Nodes, node: str) -> None:
-    """``node`` is gone: its processes killed, and the ssh stand-in refuses it from now on
-    (it finds a node by the files named after it, as ssh resolves a host name)."""
-    nodes.kill(node)
+def unreachable(nodes: Nodes, node: str) -> None:
+    """The ssh stand-in refuses ``node`` from now on, as ssh fails to reach a dead host (the
+    stand-in enters a node by the files named after it, with no network between)."""
     for name in (node, nodes.addresses[nodes.names.index(node)]):
         (nodes.shared / "hosts" / name).unlink()
+
+
+def start_wrapper(nodes: Nodes, options: list[str], command: list[str]) -> subprocess.Popen:
+    """``python -m collectives.run`` on node0 over every node, output piped (text)."""
+    forward = [] if mpi_family() != "openmpi" else ["--launcher-args", "-x PYTHONPATH"]
+    env = launch_env({"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "PYTHONPATH": str(REPO)})
+    return nodes.run(
+        "node0",
+        [sys.executable, "-m", "collectives.run", "--hosts", ",".join(nodes.names),
+         "--remote-shell", str(nodes.ssh), *forward, *options, "--", *command],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
 
 
 class Lines:
@@ -72,24 +86,19 @@ def nodes_available():
 
 
 def test_the_gpt_example_outlives_a_node_and_resumes_on_the_two_left():
-    forward = [] if mpi_family() != "openmpi" else ["--launcher-args", "-x PYTHONPATH"]
-    env = launch_env({"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "PYTHONPATH": str(REPO)})
     with Nodes(3) as nodes:
         ckpt = nodes.shared / "ckpt"
-        wrapper = nodes.run(
-            "node0",
-            [sys.executable, "-m", "collectives.run", "--hosts", ",".join(nodes.names),
-             "--ranks-per-host", "2", "--remote-shell", str(nodes.ssh), "--max-restarts", "1",
-             "--min-hosts", "2", "--watch", "1", "--grace", "5", *forward,
-             "--resume-arg", f"--resume {ckpt}", "--", *GPT, "--dp", "{nodes}",
-             "--save", str(ckpt), "--save-every", str(SAVE_EVERY)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
+        wrapper = start_wrapper(
+            nodes,
+            ["--ranks-per-host", "2", "--max-restarts", "1", "--min-hosts", "2", "--watch", "1",
+             "--grace", "5", "--resume-arg", f"--resume {ckpt}"],
+            [*GPT, "--dp", "{nodes}", "--save", str(ckpt), "--save-every", str(SAVE_EVERY)],
         )  # fmt: skip
         out = Lines(wrapper)
         try:
             out.wait_for(rf"^step {SAVE_EVERY} loss", timeout=120)  # step-4 is complete
-            lose(nodes, "node2")
+            nodes.kill("node2")
+            unreachable(nodes, "node2")
             killed = time.monotonic()
             wrapper.wait(timeout=120)
         finally:
@@ -117,8 +126,70 @@ def test_the_gpt_example_outlives_a_node_and_resumes_on_the_two_left():
         assert sorted(expected) == sorted(resumed)
         for step in expected:
             assert resumed[step] == pytest.approx(expected[step], rel=1e-9, abs=0), step
+    print("\n".join(line for _, line in out.lines if not STEP.match(line)))
     print(
-        f"\nkilled to training again: {training_again - killed:.2f} s, of which "
+        f"killed to training again: {training_again - killed:.2f} s, of which "
         f"{restarted - killed:.2f} s to the restart (the job's end, the probe) and "
         f"{training_again - restarted:.2f} s to the first step resumed (at step {start})"
     )
+
+
+#: all-reduces until a restart, then 3 more; the library's timeout (60 s) outlasts the test's
+#: waits, so that the wrapper, not the ranks, ends the run whose link was cut
+STEPS_UNTIL_RESTART = """
+import os, time
+import collectives as col
+
+restart = int(os.environ["COLLECTIVES_RESTART_COUNT"])
+comm = col.init("mpi", timeout=60)
+x = comm.xp.ones(1)
+for step in range(600 if restart == 0 else 3):
+    comm.all_reduce(x)
+    if comm.rank == 0:
+        print(f"run {restart} size {comm.size} step {step}", flush=True)
+    time.sleep(0.05)
+comm.close()
+"""
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_a_cut_link_is_outlived_and_the_first_run_leaves_nothing_behind():
+    """A cut link hangs the launchers (every rank blocked, no connection reset): the watch
+    finds the host silent and ends the launcher after --grace (Open MPI's ignores SIGTERM:
+    SIGKILL 5 s later); what it started on node0 goes with it."""
+    grace = 2.0
+    with Nodes(3) as nodes:
+        job = nodes.shared / "job.py"
+        job.write_text(STEPS_UNTIL_RESTART)
+        wrapper = start_wrapper(
+            nodes, ["--max-restarts", "1", "--watch", "0.5", "--grace", str(grace)],
+            [sys.executable, str(job)],
+        )  # fmt: skip
+        out = Lines(wrapper)
+        try:
+            out.wait_for(r"^run 0 size 3 step 3$", timeout=120)
+            nodes.cut("node2")
+            unreachable(nodes, "node2")
+            cut = time.monotonic()
+            restarted = out.wait_for(r"restart 1 of 1 on node0:1,node1:1", timeout=60)
+            left = [p for p in nodes.processes("node0")
+                    if b"COLLECTIVES_RESTART_COUNT=0" in _environ(p)]  # fmt: skip
+            wrapper.wait(timeout=120)
+        finally:
+            if wrapper.poll() is None:
+                wrapper.kill()
+    output = out.text()
+    assert wrapper.returncode == 0, output
+    assert "host node2 stopped answering the probe" in output
+    assert f"the launcher runs on {grace:g} s after a host was lost: sent SIGTERM" in output
+    assert "run 1 size 2 step 2" in output and "the job succeeded after 1 restart" in output
+    assert left == [], output
+    # the watch's period, the grace, SIGKILL's 5 s, the probe and the launcher's exit
+    assert restarted - cut < 0.5 + grace + 5 + 5, output
+    print(f"\ncut to the restart: {restarted - cut:.2f} s")

@@ -4,11 +4,17 @@ while it runs.
 A launcher may outlive the loss of a host: Open MPI's and Intel MPI's hang when a link to a
 host is cut, though every rank ended. So a host that stops answering the probe is given
 ``grace`` seconds for the launcher to end by itself; then the launcher is sent SIGTERM, and
-SIGKILL 5 s later.
+SIGKILL 5 s later (Open MPI's prterun, its link to a host cut, ignores SIGTERM).
+
+The launcher runs in a process group of its own, with what it starts on this host (Open
+MPI's prterun runs this host's ranks itself): once the launcher has ended, whatever is left
+in the group is killed, so that no rank of the run outlives it here (holding a GPU the next
+run needs). The launcher's daemons on other hosts end their ranks when they lose it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -68,7 +74,7 @@ def run_watched(
     ...             watch=0, grace=0, stop=Stop())
     Ended(returncode=3, lost=())
     """
-    launcher = subprocess.Popen(list(argv), env=dict(env))
+    launcher = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
     stop._launcher = launcher
     lost: list[str] = []
     first_lost = [0.0]
@@ -105,4 +111,16 @@ def run_watched(
     finally:
         finished.set()
         stop._launcher = None
+        if launcher.poll() is None:  # this process is being interrupted: leave nothing behind
+            launcher.kill()
+            launcher.wait()
+        _kill_group(launcher.pid)
     return Ended(128 - code if code < 0 else code, tuple(lost))
+
+
+def _kill_group(group: int) -> None:
+    """SIGKILL whatever is left in process group ``group``."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left
