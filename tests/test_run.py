@@ -1,7 +1,7 @@
 """``python -m collectives.run`` with a fake launcher and remote shell (``tests/elastic/``):
 which hosts each run gets, the resume flag, the stops and the summary, the bad arguments.
-No MPI job runs here (``test_run_jobs.py`` runs real ones); about 20 s in all, most of it
-the wrapper's start (importing collectives)."""
+The wrapper runs in this process (``main``), but where its command line or signals are
+tested; no MPI job runs (``test_run_nodes.py`` runs real ones)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from collectives import InvalidArgumentError
 from collectives._launch.hosts import Host, parse_hosts, read_hostfile
 from collectives._launch.supervise import Attempt, Ended, Outcome, summary, supervise
-from collectives.run import parse
+from collectives.run import main, parse
 from tests.spmd_launcher import REPO
 
 FAKES = Path(__file__).resolve().parent / "elastic"
@@ -27,25 +28,42 @@ REMOTE_SHELL = str(FAKES / "fake_remote_shell")
 COMMAND = ["--", "python", "train.py", "--dp", "{nodes}", "--size", "{size}"]
 
 
-def wrapper_argv(*options: str, hosts: str = "a:2,b:2,c:2") -> list[str]:
+def wrapper_argv(folder: Path, *options: str, hosts: str = "a:2,b:2,c:2") -> list[str]:
+    """The wrapper's options (after ``python -m collectives.run``) with the fakes."""
     return [
-        sys.executable, "-m", "collectives.run", "--hosts", hosts, "--launcher", LAUNCHER,
-        "--remote-shell", REMOTE_SHELL, "--probe-timeout", "5", *options, *COMMAND,
+        "--hosts", hosts, "--launcher", str(folder / "mpiexec"), "--remote-shell", REMOTE_SHELL,
+        "--probe-timeout", "5", *options, *COMMAND,
     ]  # fmt: skip
 
 
-def wrapper_env(folder: Path, script: list[str]) -> dict[str, str]:
+def write_script(folder: Path, script: list[str]) -> dict[str, str]:
+    """The fake launcher (as ``folder/mpiexec``, run by this Python: an ``env python3`` may
+    be a slow shim) and its script, one line a launch; the environment that finds them."""
+    launcher = folder / "mpiexec"
+    launcher.write_text(f"#!{sys.executable}\n" + Path(LAUNCHER).read_text())
+    launcher.chmod(0o755)
     (folder / "script").write_text("".join(line + "\n" for line in script))
-    return {**os.environ, "FAKE_HOSTS_DIR": str(folder)}
+    return {"FAKE_HOSTS_DIR": str(folder)}
 
 
-def run_wrapper(folder: Path, script: list[str], *options: str, **kw) -> tuple:
-    """Run the wrapper to its end: (its completed process, the launches it made)."""
-    done = subprocess.run(
-        wrapper_argv(*options, **kw), env=wrapper_env(folder, script), cwd=REPO,
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    return done, launches(folder)
+@dataclass
+class Done:
+    returncode: int
+    stderr: str  # the wrapper's and the launcher's
+
+
+@pytest.fixture
+def run_wrapper(monkeypatch, capfd):
+    """Run the wrapper in this process (``main``) to its end: (how it ended, its launches)."""
+
+    def run(folder: Path, script: list[str], *options: str, **kw) -> tuple[Done, list[dict]]:
+        for name, value in write_script(folder, script).items():
+            monkeypatch.setenv(name, value)
+        capfd.readouterr()
+        returncode = main(wrapper_argv(folder, *options, **kw))
+        return Done(returncode, capfd.readouterr().err), launches(folder)
+
+    return run
 
 
 def launches(folder: Path) -> list[dict]:
@@ -59,7 +77,7 @@ def program(launch: dict) -> list[str]:
     return argv[argv.index("python") :]
 
 
-def test_a_lost_host_is_dropped_and_the_job_resumes_on_the_others(tmp_path):
+def test_a_lost_host_is_dropped_and_the_job_resumes_on_the_others(tmp_path, run_wrapper):
     done, made = run_wrapper(
         tmp_path, ["down c exit 137", "exit 0"], "--max-restarts", "2",
         "--resume-arg", "--resume ckpt", "--watch", "0",
@@ -79,19 +97,19 @@ def test_a_lost_host_is_dropped_and_the_job_resumes_on_the_others(tmp_path):
     assert "the job succeeded after 1 restart" in done.stderr
 
 
-def test_a_job_that_succeeds_at_once_prints_nothing_of_the_wrapper(tmp_path):
+def test_a_job_that_succeeds_at_once_prints_nothing_of_the_wrapper(tmp_path, run_wrapper):
     done, made = run_wrapper(tmp_path, ["exit 0"], "--max-restarts", "2", "--watch", "0")
     assert (done.returncode, done.stderr, len(made)) == (0, "", 1)
 
 
-def test_a_failure_with_every_host_alive_restarts_on_all_of_them(tmp_path):
+def test_a_failure_with_every_host_alive_restarts_on_all_of_them(tmp_path, run_wrapper):
     done, made = run_wrapper(tmp_path, ["exit 1", "exit 0"], "--max-restarts", "1", "--watch", "0")
     assert done.returncode == 0, done.stderr
     assert [m["argv"][5] for m in made] == ["a:2,b:2,c:2", "a:2,b:2,c:2"]
     assert "hosts gone: none" in done.stderr
 
 
-def test_no_restart_left_ends_with_the_jobs_exit_code_and_a_summary(tmp_path):
+def test_no_restart_left_ends_with_the_jobs_exit_code_and_a_summary(tmp_path, run_wrapper):
     done, made = run_wrapper(tmp_path, ["exit 1", "exit 3"], "--max-restarts", "1", "--watch", "0")
     assert done.returncode == 3
     assert len(made) == 2
@@ -104,7 +122,7 @@ def test_no_restart_left_ends_with_the_jobs_exit_code_and_a_summary(tmp_path):
     ]  # fmt: skip
 
 
-def test_too_few_hosts_left_stops_before_relaunching(tmp_path):
+def test_too_few_hosts_left_stops_before_relaunching(tmp_path, run_wrapper):
     done, made = run_wrapper(
         tmp_path, ["down b exit 137"], "--max-restarts", "3", "--min-hosts", "3", "--watch", "0"
     )
@@ -113,7 +131,7 @@ def test_too_few_hosts_left_stops_before_relaunching(tmp_path):
     assert "(exit code 137): 2 hosts left, fewer than --min-hosts 3" in done.stderr
 
 
-def test_a_launcher_that_exits_0_having_lost_a_host_is_restarted(tmp_path):
+def test_a_launcher_that_exits_0_having_lost_a_host_is_restarted(tmp_path, run_wrapper):
     """As Open MPI's launcher exits 0 when it loses a host: the probe after it finds out."""
     done, made = run_wrapper(
         tmp_path, ["down c exit 0", "exit 0"], "--max-restarts", "1", "--watch", "0"
@@ -123,7 +141,7 @@ def test_a_launcher_that_exits_0_having_lost_a_host_is_restarted(tmp_path):
     assert made[1]["argv"][5] == "a:2,b:2"
 
 
-def test_the_watch_ends_a_launcher_that_outlives_a_lost_host(tmp_path):
+def test_the_watch_ends_a_launcher_that_outlives_a_lost_host(tmp_path, run_wrapper):
     """As Open MPI's and Intel MPI's launchers hang when a link is cut."""
     start = time.monotonic()
     done, made = run_wrapper(
@@ -140,8 +158,10 @@ def test_the_watch_ends_a_launcher_that_outlives_a_lost_host(tmp_path):
 
 def test_sigterm_to_the_wrapper_ends_the_job_with_no_restart(tmp_path):
     wrapper = subprocess.Popen(
-        wrapper_argv("--max-restarts", "3", "--watch", "0"),
-        env=wrapper_env(tmp_path, ["hang"]), cwd=REPO, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "collectives.run",
+         *wrapper_argv(tmp_path, "--max-restarts", "3", "--watch", "0")],
+        env={**os.environ, **write_script(tmp_path, ["hang"])}, cwd=REPO,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while not launches(tmp_path) and time.monotonic() < deadline:
@@ -183,7 +203,12 @@ def test_bad_arguments_are_named(argv, message):
 
 
 def test_bad_arguments_end_the_wrapper_before_any_launch(tmp_path):
-    done, made = run_wrapper(tmp_path, ["exit 0"], "--min-hosts", "4")
+    done = subprocess.run(
+        [sys.executable, "-m", "collectives.run", *wrapper_argv(tmp_path, "--min-hosts", "4")],
+        env={**os.environ, **write_script(tmp_path, ["exit 0"])}, cwd=REPO,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    made = launches(tmp_path)
     assert done.returncode == 2
     assert "error: --min-hosts 4: more than the 3 hosts given" in done.stderr
     assert made == []
