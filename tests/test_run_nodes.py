@@ -34,12 +34,14 @@ def unreachable(nodes: Nodes, node: str) -> None:
 
 
 def start_wrapper(nodes: Nodes, options: list[str], command: list[str]) -> subprocess.Popen:
-    """``python -m collectives.run`` on node0 over every node, output piped (text)."""
+    """``python -m collectives.run`` on node0 (over every node, unless ``options`` name the
+    hosts), output piped (text)."""
+    hosts = [] if "--hosts" in options else ["--hosts", ",".join(nodes.names)]
     forward = [] if mpi_family() != "openmpi" else ["--launcher-args", "-x PYTHONPATH"]
     env = launch_env({"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "PYTHONPATH": str(REPO)})
     return nodes.run(
         "node0",
-        [sys.executable, "-m", "collectives.run", "--hosts", ",".join(nodes.names),
+        [sys.executable, "-m", "collectives.run", *hosts,
          "--remote-shell", str(nodes.ssh), *forward, *options, "--", *command],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -83,6 +85,18 @@ def losses(lines: list[str]) -> dict[int, float]:
 @pytest.fixture(scope="module", autouse=True)
 def nodes_available():
     skip_unless_available()
+
+
+def test_each_host_runs_the_ranks_given_it_in_order():
+    with Nodes(3) as nodes:
+        wrapper = start_wrapper(
+            nodes, ["--hosts", "node2:1,node0:2,node1:1"],
+            ["sh", "-c", "echo rank ${PMI_RANK:-$OMPI_COMM_WORLD_RANK} on $(hostname)"],
+        )  # fmt: skip
+        output, _ = wrapper.communicate(timeout=120)
+    assert wrapper.returncode == 0, output
+    ranks = sorted(line for line in output.splitlines() if line.startswith("rank "))
+    assert ranks == ["rank 0 on node2", "rank 1 on node0", "rank 2 on node0", "rank 3 on node1"]
 
 
 def test_the_gpt_example_outlives_a_node_and_resumes_on_the_two_left():

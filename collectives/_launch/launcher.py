@@ -8,8 +8,10 @@ Hydra, Open MPI 5.0's prterun and Intel MPI 2021's Hydra):
   ``-hosts a:2,b:2`` (MPICH) or a machine file of ``a:2`` lines (Intel MPI's ``-hosts``
   takes no counts: it puts ``-ppn`` ranks, the number of cores by default, on each host in
   turn), variables for the ranks with ``-genv NAME VALUE``;
-- Open MPI (PRRTE): ``--host a:2,b:2 --prtemca plm_ssh_agent SHELL``, variables with
-  ``-x NAME=VALUE`` (it passes on no other variable of this process to other hosts).
+- Open MPI (PRRTE): ``--host a:2,b:2 --map-by slot --prtemca plm_ssh_agent SHELL`` (without
+  ``--map-by slot`` Open MPI 5 put all 4 ranks of ``--host c:1,a:2,b:1`` on ``c``),
+  variables with ``-x NAME=VALUE`` (it passes on no other variable of this process to other
+  hosts).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def launch_command(
     'mpiexec -launcher ssh -launcher-exec ssh -hosts a:2,b:2 -n 4 -genv COLLECTIVES_RESTART_COUNT 1 python train.py'
     >>> " ".join(launch_command("openmpi", "mpirun", hosts, ["python", "train.py"],
     ...                         remote_shell="ssh"))
-    'mpirun --host a:2,b:2 -n 4 --prtemca plm_ssh_agent ssh python train.py'
+    'mpirun --host a:2,b:2 --map-by slot -n 4 --prtemca plm_ssh_agent ssh python train.py'
     >>> " ".join(launch_command("impi", "mpiexec", hosts, ["python", "train.py"],
     ...                         remote_shell="ssh", machinefile="job.hosts"))
     'mpiexec -launcher ssh -launcher-exec ssh -machinefile job.hosts -n 4 python train.py'
@@ -121,7 +123,8 @@ def launch_command(
     size = str(sum(h.slots for h in hosts))
     variables = dict(env or {})
     if family == "openmpi":
-        head = [launcher, "--host", where, "-n", size, "--prtemca", "plm_ssh_agent", remote_shell]
+        head = [launcher, "--host", where, "--map-by", "slot", "-n", size]
+        head += ["--prtemca", "plm_ssh_agent", remote_shell]
         head += [w for name, value in variables.items() for w in ("-x", f"{name}={value}")]
     else:
         head = [launcher, "-launcher", "ssh", "-launcher-exec", remote_shell]

@@ -140,7 +140,8 @@ def supervise(
 
 def summary(outcome: Outcome, width: int = 100) -> str:
     """The one-screen account of a job that failed or was restarted: a line per attempt
-    (the first 3 and last 8 of many), and why it stopped.
+    (the first 3 and last 8 of many), why it stopped, and a note where a launcher exited 0
+    having lost a host.
 
     >>> a = Attempt(0, [Host("a", 2), Host("b", 2)], Ended(137), gone=["b"], seconds=12.25)
     >>> b = Attempt(1, [Host("a", 2)], Ended(1), started=13.0, seconds=3.5)
@@ -166,8 +167,6 @@ def summary(outcome: Outcome, width: int = 100) -> str:
             lines.append("      ...")
             continue
         gone = ",".join(attempt.gone) or "-"
-        if attempt.ended.returncode == 0 and attempt.gone:
-            gone += " (exit 0 with a host lost)"
         row = (
             f"  {attempt.restart:7d}  {attempt.ended.returncode:4d}  {attempt.seconds:7.1f}  "
             f"{sum(h.slots for h in attempt.hosts):5d}  {gone:<10}  "
@@ -177,4 +176,8 @@ def summary(outcome: Outcome, width: int = 100) -> str:
         if len(where) > room:
             where = where[: room - 3] + "..."
         lines.append(row + where)
+    if any(a.ended.returncode == 0 and a.gone for a in outcome.attempts):
+        lines.append(
+            "  (exit 0 with a host gone: the launcher lost a host and said 0, as Open MPI's does)"
+        )
     return "\n".join(lines)
