@@ -9,7 +9,7 @@ summary and leaves with the job's exit code. docs/elastic.md says more.
         --resume-arg "--resume ckpt" -- \\
         python examples/gpt_3d.py --dp {nodes} --tp 2 --zero 1 --save ckpt --save-every 4
 
-Example (a job that succeeds at once prints nothing of its own):
+The command line is checked before anything is launched:
 
 >>> main(["--hosts", "localhost", "--launcher", "no-such-mpiexec", "--", "python", "train.py"])
 Traceback (most recent call last):
@@ -84,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-hosts", type=int, default=1, metavar="N",
                    help="stop when fewer hosts remain (default 1)")  # fmt: skip
     p.add_argument("--resume-arg", default="", metavar="ARGS",
-                   help='added to the command on every restart, e.g. "--resume ckpt"')  # fmt: skip
+                   help='added to the command on every restart, e.g. "--resume ckpt" (one '
+                   "word: --resume-arg=--resume-latest)")  # fmt: skip
     p.add_argument("--launcher", help="the MPI's launcher (default: the mpiexec beside this "
                    "Python, else on PATH)")  # fmt: skip
     p.add_argument("--launcher-args", default="", metavar="ARGS",
@@ -95,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a host has to answer the probe (default 10)")  # fmt: skip
     p.add_argument("--watch", type=float, default=10.0, metavar="S",
                    help="probe the hosts every S seconds while the job runs (0: only after "
-                   "it fails; default 10)")  # fmt: skip
+                   "each run; default 10)")  # fmt: skip
     p.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="seconds the launcher may run on after a host stopped answering "
                    "(default 30)")  # fmt: skip

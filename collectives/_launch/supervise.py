@@ -26,13 +26,12 @@ class Ended:
 @dataclass
 class Attempt:
     """One run of the job: its restart number (0: the first run), hosts, how it ended, the
-    hosts found gone after it, when it started and how long it ran (seconds)."""
+    hosts found gone after it and how long it ran (seconds)."""
 
     restart: int
     hosts: list[Host]
     ended: Ended
     gone: list[str] = field(default_factory=list)
-    started: float = 0.0
     seconds: float = 0.0
 
     @property
@@ -114,7 +113,7 @@ def supervise(
     for restart in range(max_restarts + 1):
         started = clock()
         ended = run(current, restart)
-        attempt = Attempt(restart, current, ended, started=started, seconds=clock() - started)
+        attempt = Attempt(restart, current, ended, seconds=clock() - started)
         attempts.append(attempt)
         found = find_gone(current) if not interrupted() else []
         attempt.gone = [h.name for h in current if h.name in {*ended.lost, *found}]
@@ -144,7 +143,7 @@ def summary(outcome: Outcome, width: int = 100) -> str:
     having lost a host.
 
     >>> a = Attempt(0, [Host("a", 2), Host("b", 2)], Ended(137), gone=["b"], seconds=12.25)
-    >>> b = Attempt(1, [Host("a", 2)], Ended(1), started=13.0, seconds=3.5)
+    >>> b = Attempt(1, [Host("a", 2)], Ended(1), seconds=3.5)
     >>> print(summary(Outcome([a, b], "no restart left (--max-restarts 1)", 1)))
     collectives.run: the job failed (exit code 1): no restart left (--max-restarts 1)
       restart  exit  ran (s)  ranks  hosts gone  hosts
