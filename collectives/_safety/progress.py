@@ -104,8 +104,7 @@ def across_nodes(views: dict[int, int], size: int) -> str:
         return f"From the boards of {whose}: every rank has reached collective #{furthest}."
     listed = ", ".join(behind)
     return (
-        f"From the boards of {whose}: ranks that have not reached collective #{furthest}: "
-        f"{listed}."
+        f"From the boards of {whose}: ranks that have not reached collective #{furthest}: {listed}."
     )
 
 
