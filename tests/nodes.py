@@ -29,6 +29,8 @@ API (every method takes a node by name; ``ranks`` lists the ranks per node, in o
   ``node0``, in a session of its own, output piped (text), ``TMPDIR`` the node's own ``/tmp``.
 - ``job(argv, ranks, env=None, timeout=60) -> JobResult``: ``launch`` to the end, killed
   past ``timeout`` (``returncode`` then ``None``); ``output``, ``elapsed`` in seconds.
+- ``stop(proc) -> str``: every process of every node killed (the launcher's daemons and
+  ranks hold its output open), then ``proc``'s output.
 - ``processes(node) -> list[int]``: the pids in the node, its holder left out.
 - ``kill(node)``: SIGKILL every process of the node (its holder stays, so ``cut`` and
   ``close`` still find it): the node is lost, its peers' connections are reset.
@@ -252,10 +254,15 @@ class Nodes:
             output, _ = proc.communicate(timeout=timeout)
             return JobResult(proc.returncode, output, time.monotonic() - start)
         except subprocess.TimeoutExpired:
-            for name in self.names:
-                self.kill(name)
-            output, _ = proc.communicate()
+            output = self.stop(proc)
             return JobResult(None, output + f"\n[killed after {timeout:.0f} s]", timeout)
+
+    def stop(self, proc: subprocess.Popen) -> str:
+        """Every process of every node killed, then ``proc``'s output (a launcher killed
+        alone leaves daemons and ranks that hold its output pipe open)."""
+        for name in self.names:
+            self.kill(name)
+        return proc.communicate(timeout=30)[0] or ""
 
     def processes(self, node: str) -> list[int]:
         """The pids running in ``node`` (its UTS namespace), the holder left out."""

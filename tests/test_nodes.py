@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -31,7 +32,9 @@ def test_each_node_has_its_own_host_name_tmp_and_address_and_everything_goes_aft
         assert "10.77.0.1 node0" in _in(nodes, "node1", "cat /etc/hosts")
         result = nodes.job(["hostname"], ranks=[1, 2])
         assert result.returncode == 0, result.output
-        assert sorted(result.output.split()) == ["node0", "node1", "node1"]
+        # (Open MPI's launcher may warn that its setpgid lost a race with the remote shell)
+        hosts = re.findall(r"^node\d$", result.output, re.M)
+        assert sorted(hosts) == ["node0", "node1", "node1"], result.output
         sleeper = nodes.run("node1", ["sleep", "60"])
         assert nodes.processes("node1") == [sleeper.pid]
         holders = [h.pid for h in nodes._holders.values()]
