@@ -112,8 +112,8 @@ def test_the_gpt_example_outlives_a_node_and_resumes_on_the_two_left():
         try:
             out.wait_for(rf"^step {SAVE_EVERY} loss", timeout=120)  # step-4 is complete
             unreachable(nodes, "node2")  # first: the launcher may end, and the probe run, at once
-            nodes.kill("node2")
             killed = time.monotonic()
+            nodes.kill("node2")
             wrapper.wait(timeout=120)
         finally:
             if wrapper.poll() is None:
@@ -189,8 +189,8 @@ def test_a_cut_link_is_outlived_and_the_first_run_leaves_nothing_behind():
         try:
             out.wait_for(r"^run 0 size 3 step 3$", timeout=120)
             unreachable(nodes, "node2")
-            nodes.cut("node2")
             cut = time.monotonic()
+            nodes.cut("node2")
             restarted = out.wait_for(r"restart 1 of 1 on node0:1,node1:1", timeout=60)
             left = [p for p in nodes.processes("node0")
                     if b"COLLECTIVES_RESTART_COUNT=0" in _environ(p)]  # fmt: skip
