@@ -47,6 +47,7 @@ Example (skipped where namespaces cannot be made)::
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -316,14 +317,23 @@ class Nodes:
 
 
 def _holder(argv: list[str]) -> subprocess.Popen:
-    """A process that sets up its namespaces, prints ``ready``, and waits to be killed."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """A process that sets up its namespaces, prints ``ready``, and waits to be killed (by
+    ``close``, or by the kernel when this process dies without closing)."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_die_with_parent,
+    )  # fmt: skip
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
         proc.kill()
         _, err = proc.communicate()
         raise RuntimeError(f"a namespace holder could not be made: {err.strip()}")
     return proc
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when its parent dies (``PR_SET_PDEATHSIG``)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _uts(pid: int) -> int | None:

@@ -14,10 +14,10 @@ more than half its timeout (nothing is done on the other calls, so that they cos
   rank. A notice also carries its sender's view of its node's progress board (each rank's
   collective number); after a timeout every rank told passes the notice on with its own
   node's view, so that every rank can say which ranks never arrived, whichever node they
-  are on (:func:`._safety.progress.across_nodes`). A rank that arrives late at a call the others failed comes to it after more than the
-  timeout without a call on this communicator (the others waited that long for it), so its
-  call is verified, and refused before it is posted: it never completes a call that the
-  others failed.
+  are on (:func:`._safety.progress.across_nodes`). A rank that arrives late at a call the
+  others failed comes to it after more than the timeout without a call on this communicator
+  (the others waited that long for it), so its call is verified, and refused before it is
+  posted: it never completes a call that the others failed.
 - **Mismatches caught by default.** With check mode off, collectives #1 to #8 and then #16,
   #32, ..., #1024 and every 1024th after are compared across ranks (the same numbers on every
   rank). The comparison overlaps the call: its all-reduce of fingerprints (check mode's, over
@@ -45,8 +45,8 @@ from .check import Checker
 
 EVERY_CALL_UNTIL = 8  # the first collectives, where a program's mistakes show first
 PERIOD = 1024  # then powers of two up to this, then every PERIOD-th
-# the class, the sender's view and the text: a message small enough to be sent eagerly by
-# every MPI (Open MPI's shared memory sends up to 4 KiB so), so that no send waits
+# the class, the sender's view and the text: under the eager limit of Open MPI's shared
+# memory, 4 KiB (`ompi_info --param btl sm --level 9`), so that no send waits for a receive
 _NOTICE_BYTES = 2048
 _TAG = 7
 _LEFT: list[MPI.Comm] = []  # notice communicators not freed: a message may still come
