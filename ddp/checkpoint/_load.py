@@ -195,7 +195,7 @@ def load(
         problems += [p for p in report["problems"] if p not in problems]
     if index:
         asked = set().union(*(set(report["names"]) for report in every))
-        replaced = set().union(*(set(report["replaced"]) for report in every))
+        replaced = set().union(*(set(report.get("replaced", ())) for report in every))
         saved = set(index["tensors"]) | set(index["values"])
         missing, extra = sorted(asked - saved), sorted(saved - asked - replaced)
         if missing:

@@ -62,6 +62,8 @@ def test_resumed_in_another_precision_follows_float32(comm):
     """fp32 saved on one mesh, resumed in bf16 on another, and back: each resumed run
     follows the float32 run that never stopped (within 2%, the precision test's bound); the
     masters' exactness is tests/test_checkpoint.py's."""
+    if comm.size != 2:
+        pytest.skip("one world size shows it (the meshes are the other test's)")
     example = load_example()
     first, second = PAIRS[comm.size][0]
     world = MPI.COMM_WORLD
