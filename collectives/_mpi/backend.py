@@ -269,7 +269,7 @@ class MpiBackend:
             # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
             result = array_module(out).empty_like(out)
             pending = self.reduce_scatter(x, result, name, op)
-            pending.finish = _chain(pending.finish, lambda: _copy(out, result))
+            pending.then(lambda: _copy(out, result))
             return pending
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
@@ -382,11 +382,15 @@ class MpiBackend:
             self._reap()
         blocking = self._forms.get(start)
         if blocking is None:
-            return MpiPending(start(self.comm, *args), args, self.in_flight, then)
-        self._block(blocking, args)
-        # complete at its first test: what the front end and the stager chain on to
-        # ``finish`` (copies back, rounding) runs then
-        return MpiPending(MPI.REQUEST_NULL, args, self.in_flight, then)
+            request = start(self.comm, *args)
+            if not request.Test():  # a small call is most often done at its first test
+                return MpiPending(request, args, self.in_flight, then)
+        else:
+            self._block(blocking, args)
+        # complete already: ``then`` runs now, as will what the verbs add (``then()``)
+        if then is not None:
+            then()
+        return MpiPending.complete()
 
     def _block(self, call: Callable[..., None], args: tuple) -> None:
         """Make the blocking MPI call ``call(comm, *args)``, posted on the progress board and
@@ -449,7 +453,7 @@ class MpiBackend:
         )
         pending = verb(wide_x, wide_out, "float32")
         if out is not None:
-            pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
+            pending.then(lambda: _encode(wide_out, out, name))
         return pending
 
     def staged(self, verb: Verb, x: Any, out: Any) -> Pending:
@@ -468,7 +472,7 @@ class MpiBackend:
             host_out = np.empty(out.shape, out.dtype)
         pending = verb(host_x, host_out)
         if out is not None:
-            pending.finish = _chain(pending.finish, lambda: out.set(host_out))
+            pending.then(lambda: out.set(host_out))
         return pending
 
     def run(self, verb: Verb, x: Any, out: Any) -> Pending:

@@ -153,6 +153,10 @@ class MpiPending(Pending):
     also sits in its backend's ``in_flight``, so that a dropped ``Work`` cannot free them either.
     """
 
+    request: MPI.Request = MPI.REQUEST_NULL
+    in_flight: set | None = None
+    finish: Callable[[], None] | None = None
+
     def __init__(
         self,
         request: MPI.Request,
@@ -168,6 +172,16 @@ class MpiPending(Pending):
         self.start = time.monotonic()
         if in_flight is not None:
             in_flight.add(self)
+
+    @classmethod
+    def complete(cls) -> MpiPending:
+        """A call that completed where it was made (a small call done at its first test, or
+        a blocking one): nothing to hold, nothing in flight, its ``finish`` already run."""
+        pending = cls.__new__(cls)
+        pending.done = True
+        pending.state = "completed"
+        pending.start = pending.end = time.monotonic()
+        return pending
 
     def test(self) -> bool:
         if not self.done and self.request.Test():
