@@ -135,7 +135,7 @@ class _Library:
         #: the blocking ones): MPICH's ``MPI_Ireduce_scatter_block`` and Open MPI's
         #: ``MPI_Reduce_scatter_block`` pick algorithms several times slower from 128 KiB than
         #: the same libraries' ``MPI_(I)reduce_scatter`` (2 ranks, 15x and 6x at 1 MiB;
-        #: benchmarks/README.md); elsewhere the two cost the same
+        #: benchmarks/results/cpu-2core-2026-11-25-c-work/); elsewhere the two cost the same
         self.counted_reduce_scatter = {"MPICH": 1, "Open MPI": 2}.get(vendor, 0)
 
 
@@ -299,8 +299,8 @@ class MpiBackend:
         """A two-rank reduce_scatter as one exchange: the part the peer keeps goes to it, its
         part of ours comes into ``out``, then ours is reduced into that. MPICH's, Open MPI's
         and Intel MPI's own reduce_scatter took 1.1x to 7.9x its time from 16 KiB a call to
-        16 MiB, 0.9x to 1.2x at 4 KiB (benchmarks/README.md, "Two ranks' reduce_scatter as
-        one exchange"). Made on host memory only (``MPI_Reduce_local`` reads it): never where
+        16 MiB, 0.9x to 1.2x at 4 KiB (benchmarks/results/
+        cpu-2core-2026-11-27-exchange/). Made on host memory only (``MPI_Reduce_local`` reads it): never where
         device arrays may reach MPI (CUDA-aware), so that every rank makes the same call."""
         peer, mine, mpi_op = 1 - self.rank, x[self.rank], MPI_OP[op]
 
