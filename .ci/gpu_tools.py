@@ -146,7 +146,8 @@ def precision(backend: str, python: str, launch: list[str]) -> None:
 
     ranks = launch[launch.index("-n") + 1]
     env = {**os.environ, "COLLECTIVES_TEST_BACKEND": backend,
-           "COLLECTIVES_TEST_WORLD_SIZES": ranks, "COLLECTIVES_TEST_SPMD_TIMEOUT": "90"}  # fmt: skip
+           "COLLECTIVES_TEST_WORLD_SIZES": ranks, "COLLECTIVES_TEST_SPMD_TIMEOUT": "90",
+           "COLLECTIVES_TEST_SPMD_BATCH": "1"}  # fmt: skip
     select = "test_mixed_precision or test_gpt_3d_precision"
     run = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
                           "tests/test_spmd.py", "-k", select], env=env)  # fmt: skip

@@ -55,6 +55,7 @@ from ._ops import ReduceOp
 from ._safety.abort import abort_on_exception
 from ._topology.hierarchical import HierarchicalCommunicator, hierarchical
 from ._topology.mesh import DeviceMesh
+from ._version import __version__ as __version__
 
 __all__ = [
     "abort_on_exception",

@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+from collectives import __version__ as __version__
+
 from . import checkpoint, hooks, tensor_parallel
 from ._buckets import Bucket, BucketSpec, assign_buckets
 from ._ddp import BucketStats, DDPStats, DistributedDataParallel

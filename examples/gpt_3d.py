@@ -27,7 +27,8 @@ batch does not depend on the mesh, so every mesh prints the losses of ``--dp 1 -
 
 ``--save DIR --save-every K`` writes a checkpoint every K steps (``ddp.checkpoint``, the last
 2 kept); ``--resume DIR`` continues from the newest one in DIR on any mesh, ZeRO stage or
-DDP, with the losses of a run that never stopped (docs/checkpoint.md).
+DDP, with the losses of a run that never stopped (docs/checkpoint.md), and in any
+``--precision``: the float32 masters are made from, or become, the saved parameters.
 """
 
 from __future__ import annotations
@@ -588,7 +589,7 @@ def train(
     )
     start = 0
     if cfg.resume is not None:
-        start = int(checkpoint.load(cfg.resume, {**state, "step": 0}, comm)["step"])
+        start = int(checkpoint.load(cfg.resume, {**state, "step": 0}, comm, cast=True)["step"])
     chunks = [model.stage(s, stages, schedule.splits_backward) for s in mine]
     # the tied embedding lives on the first stage (rank 0) and on the last (rank 0 in a V)
     last_rank = schedule.place(stages - 1)[0]

@@ -1,6 +1,6 @@
 """mpiexec -n 4 python examples/quickstart.py
 
-The README's quickstart: a few collectives, a batch of send/recv pairs, a sendrecv and a
+The quickstart of docs/getting_started.md: a few collectives, a batch of send/recv pairs, a sendrecv and a
 device mesh.
 Runs on NCCL with CuPy arrays when every rank has a GPU, else on MPI with NumPy arrays.
 """

@@ -12,6 +12,8 @@ Example:
     [0.0, 3.5]
 """
 
+from collectives import __version__ as __version__
+
 from . import mlp, schedules
 from ._action import Action, ActionKind, grid
 from ._runtime import StageError, run

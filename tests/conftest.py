@@ -37,7 +37,7 @@ def pytest_terminal_summary(terminalreporter):
     write = terminalreporter.write_line
     terminalreporter.write_sep("=", f"inner SPMD tests, COLLECTIVES_TEST_BACKEND={backend}")
     counted = ", ".join(f"{n} {outcome}" for outcome, n in sorted(totals.items()))
-    write(f"{len(launches)} launches; rank 0 of each: {counted or 'nothing ran'}")
+    write(f"{len(launches)} module runs; rank 0 of each: {counted or 'nothing ran'}")
     for reason, n in reasons.most_common():
         shown = sorted(where[reason])
         more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import collectives as col
-from ddp import AdamW, checkpoint
+from ddp import AdamW, ZeroOptimizer, checkpoint
 from ddp.checkpoint import CheckpointError, Shard
 from ddp.checkpoint.__main__ import main as tool
 
@@ -224,6 +224,98 @@ def test_plain_optimizer_state_round_trip(tmp_path):
         np.testing.assert_array_equal(fresh[name], params[name])
         assert fresh_states[name]["step"] == 2
         np.testing.assert_array_equal(fresh_states[name]["exp_avg_sq"], states[name]["exp_avg_sq"])
+
+
+def _trained(dtype, rng):
+    """float64 values rounded to ``dtype``, with two AdamW steps' state (masters if half)."""
+    params = {"w": rng.standard_normal((3, 2)).astype(dtype), "b": rng.standard_normal(2)}
+    params["b"] = params["b"].astype(dtype)
+    opt, states = AdamW(lr=0.1), {}
+    for _ in range(2):
+        grads = {k: rng.standard_normal(v.shape).astype(dtype) for k, v in params.items()}
+        opt.step(params, grads, states)
+    return params, opt, states
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_a_run_moves_to_half_precision_from_its_checkpoint(tmp_path, half):
+    """fp32 -> half: each master is the saved float32 parameter itself, not its rounding."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dtype = ml_dtypes.bfloat16 if half == "bfloat16" else np.dtype(half)
+    params, opt, states = _trained(np.float32, np.random.default_rng(5))
+    saved = {"model": {"params": params, "optim": checkpoint.OptimizerState(opt, params, states)}}
+    checkpoint.save(tmp_path, saved, step=2)
+    fresh = {k: np.zeros(v.shape, dtype) for k, v in params.items()}
+    fresh_states: dict = {}
+    state = {
+        "model": {"params": fresh, "optim": checkpoint.OptimizerState(opt, fresh, fresh_states)}
+    }
+    with pytest.raises(CheckpointError, match="names missing from the checkpoint"):
+        checkpoint.load(tmp_path, state)  # without cast=True the masters are not made
+    checkpoint.load(tmp_path, state, cast=True)
+    for name, value in params.items():
+        np.testing.assert_array_equal(fresh_states[name]["master"], value)  # bit for bit
+        np.testing.assert_array_equal(fresh[name], value.astype(dtype))
+        np.testing.assert_array_equal(fresh_states[name]["exp_avg"], states[name]["exp_avg"])
+        assert fresh_states[name]["step"] == 2
+
+
+def test_a_run_leaves_half_precision_from_its_saved_masters(tmp_path):
+    """bf16 -> fp32/fp64: each parameter is its saved float32 master, not the bf16 rounding."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    params, opt, states = _trained(ml_dtypes.bfloat16, np.random.default_rng(6))
+    assert all(
+        not np.array_equal(states[n]["master"], params[n].astype(np.float32)) for n in params
+    )
+    saved = {"model": {"params": params, "optim": checkpoint.OptimizerState(opt, params, states)}}
+    checkpoint.save(tmp_path, saved, step=2)
+    for wide in (np.float32, np.float64):
+        fresh = {k: np.zeros(v.shape, wide) for k, v in params.items()}
+        fresh_states: dict = {}
+        optim = checkpoint.OptimizerState(opt, fresh, fresh_states)
+        checkpoint.load(tmp_path, {"model": {"params": fresh, "optim": optim}}, cast=True)
+        for name in params:
+            np.testing.assert_array_equal(fresh[name], states[name]["master"].astype(wide))
+            assert "master" not in fresh_states[name]
+            np.testing.assert_array_equal(
+                fresh_states[name]["exp_avg_sq"], states[name]["exp_avg_sq"]
+            )
+
+
+def test_zero_changes_precision_through_its_masters(tmp_path):
+    """The same rule under ZeroOptimizer (one rank): fp32 -> bf16 makes each master from the
+    saved parameter, bit for bit; bf16 -> fp32 takes each parameter from the saved master."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(7)
+    values = {"w": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
+
+    def zero_of(comm, dtype, steps):
+        params = {k: v.astype(dtype) for k, v in values.items()}
+        zero = ZeroOptimizer(params, comm, AdamW(lr=0.1), stage=2)
+        for _ in range(steps):
+            for grad in zero.grads.values():
+                grad[...] = rng.standard_normal(grad.shape).astype(dtype)
+            zero.step()
+        return zero
+
+    def masters(zero):
+        return {n: zero.master_shard[a:b] for n, (a, b) in zero.layout.offsets.items()}
+
+    with col.init(backend="mpi", timeout=30) as comm:
+        wide = zero_of(comm, np.float32, 2)
+        checkpoint.save(tmp_path / "fp32", {"model": wide}, comm, step=2)
+        half = zero_of(comm, ml_dtypes.bfloat16, 0)
+        checkpoint.load(tmp_path / "fp32", {"model": half}, comm, cast=True)
+        for name, master in masters(half).items():
+            np.testing.assert_array_equal(master, wide.params[name].ravel())
+
+        half = zero_of(comm, ml_dtypes.bfloat16, 2)
+        checkpoint.save(tmp_path / "bf16", {"model": half}, comm, step=2)
+        wide = zero_of(comm, np.float32, 0)
+        checkpoint.load(tmp_path / "bf16", {"model": wide}, comm, cast=True)
+        for name, master in masters(half).items():
+            np.testing.assert_array_equal(wide.params[name].ravel(), master)
+            assert not np.array_equal(master, half.params[name].ravel().astype(np.float32))
 
 
 def test_save_replaces_a_checkpoint_of_the_same_step(tmp_path: Path):

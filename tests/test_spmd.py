@@ -1,7 +1,11 @@
 """Every module in tests/spmd, run SPMD under mpiexec at each world size it declares.
 
 A module declares ``WORLD_SIZES = (1, 2, ...)`` (default (1, 2)) and optionally
-``SPMD_TIMEOUT`` seconds for the whole launch (default 240).
+``SPMD_TIMEOUT`` seconds for its tests (default 240), and ``SPMD_ALONE = True`` to run in a
+launch of its own. The others run several to a launch (``COLLECTIVES_TEST_SPMD_BATCH``
+modules of one world size, default 6; 1: a launch each), since every launch pays the
+launcher's, Python's and pytest's start-up (seconds a launch, most of all under Open MPI);
+each module still passes or fails on its own outcomes.
 
 ``COLLECTIVES_TEST_BACKEND`` (``mpi``, ``mpi-cupy`` or ``nccl``; see tests/spmd/conftest.py)
 passes through to every rank. ``COLLECTIVES_TEST_WORLD_SIZES=1,2`` keeps only the launches
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spmd_launcher import run_spmd
+from tests.spmd_launcher import SpmdResult, run_spmd
 
 SPMD_DIR = Path(__file__).resolve().parent / "spmd"
 TEST_BACKEND = os.environ.get("COLLECTIVES_TEST_BACKEND", "mpi")
@@ -51,9 +55,49 @@ def _cases():
                 yield pytest.param(path, size, timeout, id=f"{path.stem}-np{size}")
 
 
+BATCH = max(1, int(os.environ.get("COLLECTIVES_TEST_SPMD_BATCH", "6")))
+_LAUNCHED: dict[tuple[Path, int], SpmdResult] = {}
+
+
+def _batch(request, path: Path, size: int) -> list[tuple[Path, float]]:
+    """The modules launched with ``path`` at ``size``: consecutive selected cases of that
+    size, ``BATCH`` at most, never one that declares ``SPMD_ALONE``."""
+    if BATCH == 1 or _declared(path, "SPMD_ALONE", False):
+        return [(path, _launch_timeout(_declared(path, "SPMD_TIMEOUT", 240)))]
+    chosen = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "originalname", None) != "test_spmd" or params.get("size") != size:
+            continue
+        if not _declared(params["path"], "SPMD_ALONE", False):
+            chosen.append((params["path"], params["timeout"]))
+    for start in range(0, len(chosen), BATCH):
+        batch = chosen[start : start + BATCH]
+        if any(p == path for p, _ in batch):
+            return batch
+    return [(path, _launch_timeout(_declared(path, "SPMD_TIMEOUT", 240)))]
+
+
+def _own(result: SpmdResult, path: Path) -> SpmdResult:
+    """``result`` of a launch of several modules, with only ``path``'s outcomes."""
+    prefix = f"{path.relative_to(SPMD_DIR.parent.parent).as_posix()}::"
+    ranks = {
+        r: [o for o in outs if o["nodeid"].startswith(prefix)] for r, outs in result.ranks.items()
+    }
+    return SpmdResult(result.size, result.returncode, result.output, ranks)
+
+
 @pytest.mark.parametrize("path,size,timeout", list(_cases()))
 def test_spmd(path: Path, size: int, timeout: float, request):
-    _passes(path, size, run_spmd(path, size, timeout=timeout), request)
+    if (path, size) not in _LAUNCHED:
+        batch = _batch(request, path, size)
+        paths = [p for p, _ in batch]
+        result = run_spmd(
+            paths[0], size, timeout=sum(t for _, t in batch), pytest_args=tuple(map(str, paths[1:]))
+        )
+        for p in paths:
+            _LAUNCHED[(p, size)] = result
+    _passes(path, size, _own(_LAUNCHED.pop((path, size)), path), request)
 
 
 def _passes(path: Path, size: int, result, request) -> None:

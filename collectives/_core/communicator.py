@@ -501,11 +501,14 @@ class Communicator(Grouping):
             pending.info = books.current
             if self._track:
                 pending.track = self._track
+                if pending.done and _timeline.TIMELINE is not None:  # completed when made
+                    _timeline.TIMELINE.pending(pending, self._track)
             self.recorder.append(pending)
             if self._group is not None:
                 self._group.append(pending)
             elif not async_op:
-                pending.wait(self)
+                if not pending.done:
+                    pending.wait(self)
                 return result
             return Work(self, pending, result) if async_op else result
         except CollectivesError as e:

@@ -64,6 +64,21 @@ class Pending:
         self.done = False
         self.start = time.monotonic()
 
+    def then(self, step: Callable[[], None]) -> None:
+        """Run ``step`` once this call has completed (after its ``finish``): now if it has."""
+        if self.done:
+            step()
+        elif self.finish is None:
+            self.finish = step
+        else:
+            first = self.finish
+
+            def both() -> None:
+                first()
+                step()
+
+            self.finish = both
+
     def test(self) -> bool:
         raise NotImplementedError
 

@@ -135,7 +135,7 @@ class _Library:
         #: the blocking ones): MPICH's ``MPI_Ireduce_scatter_block`` and Open MPI's
         #: ``MPI_Reduce_scatter_block`` pick algorithms several times slower from 128 KiB than
         #: the same libraries' ``MPI_(I)reduce_scatter`` (2 ranks, 15x and 6x at 1 MiB;
-        #: benchmarks/README.md); elsewhere the two cost the same
+        #: benchmarks/results/cpu-2core-2026-11-25-c-work/); elsewhere the two cost the same
         self.counted_reduce_scatter = {"MPICH": 1, "Open MPI": 2}.get(vendor, 0)
 
 
@@ -269,7 +269,7 @@ class MpiBackend:
             # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
             result = array_module(out).empty_like(out)
             pending = self.reduce_scatter(x, result, name, op)
-            pending.finish = _chain(pending.finish, lambda: _copy(out, result))
+            pending.then(lambda: _copy(out, result))
             return pending
         if out.size > MAX_COUNT:
             return self._whole(_mpi_parts.reduce_scatter(self, x, out, name, op), x, out)
@@ -299,8 +299,8 @@ class MpiBackend:
         """A two-rank reduce_scatter as one exchange: the part the peer keeps goes to it, its
         part of ours comes into ``out``, then ours is reduced into that. MPICH's, Open MPI's
         and Intel MPI's own reduce_scatter took 1.1x to 7.9x its time from 16 KiB a call to
-        16 MiB, 0.9x to 1.2x at 4 KiB (benchmarks/README.md, "Two ranks' reduce_scatter as
-        one exchange"). Made on host memory only (``MPI_Reduce_local`` reads it): never where
+        16 MiB, 0.9x to 1.2x at 4 KiB (benchmarks/results/
+        cpu-2core-2026-11-27-exchange/). Made on host memory only (``MPI_Reduce_local`` reads it): never where
         device arrays may reach MPI (CUDA-aware), so that every rank makes the same call."""
         peer, mine, mpi_op = 1 - self.rank, x[self.rank], MPI_OP[op]
 
@@ -382,11 +382,15 @@ class MpiBackend:
             self._reap()
         blocking = self._forms.get(start)
         if blocking is None:
-            return MpiPending(start(self.comm, *args), args, self.in_flight, then)
-        self._block(blocking, args)
-        # complete at its first test: what the front end and the stager chain on to
-        # ``finish`` (copies back, rounding) runs then
-        return MpiPending(MPI.REQUEST_NULL, args, self.in_flight, then)
+            request = start(self.comm, *args)
+            if not request.Test():  # a small call is most often done at its first test
+                return MpiPending(request, args, self.in_flight, then)
+        else:
+            self._block(blocking, args)
+        # complete already: ``then`` runs now, as will what the verbs add (``then()``)
+        if then is not None:
+            then()
+        return MpiPending.complete()
 
     def _block(self, call: Callable[..., None], args: tuple) -> None:
         """Make the blocking MPI call ``call(comm, *args)``, posted on the progress board and
@@ -449,7 +453,7 @@ class MpiBackend:
         )
         pending = verb(wide_x, wide_out, "float32")
         if out is not None:
-            pending.finish = _chain(pending.finish, lambda: _encode(wide_out, out, name))
+            pending.then(lambda: _encode(wide_out, out, name))
         return pending
 
     def staged(self, verb: Verb, x: Any, out: Any) -> Pending:
@@ -468,7 +472,7 @@ class MpiBackend:
             host_out = np.empty(out.shape, out.dtype)
         pending = verb(host_x, host_out)
         if out is not None:
-            pending.finish = _chain(pending.finish, lambda: out.set(host_out))
+            pending.then(lambda: out.set(host_out))
         return pending
 
     def run(self, verb: Verb, x: Any, out: Any) -> Pending:

@@ -28,7 +28,7 @@ EXCHANGE_TAG = 7073
 #: gives it up after every 8 tests, not after each one: 4 ranks on 2 cores waited 1.4x to
 #: 2.2x as long yielding after each test (every MPI; some calls need a few tests in a row
 #: to progress), and Intel MPI's ranks yielding after each test took twice as long as its
-#: MPI_Wait (benchmarks/README.md, "sendrecv in one call")
+#: MPI_Wait (benchmarks/results/cpu-2core-2026-11-25-sendrecv/)
 YIELD_EVERY = 8
 
 
@@ -115,7 +115,7 @@ def mpi_cuda_aware() -> bool:
 
 
 #: MPI libraries whose non-blocking collectives are slower than their blocking ones (measured:
-#: benchmarks/README.md), where synchronous calls are blocking ones unless told otherwise
+#: benchmarks/results/cpu-2core-2026-11-23-three-mpis/), where synchronous calls are blocking ones unless told otherwise
 SLOWER_NON_BLOCKING = frozenset({"Open MPI", "Intel MPI"})
 
 
@@ -153,6 +153,10 @@ class MpiPending(Pending):
     also sits in its backend's ``in_flight``, so that a dropped ``Work`` cannot free them either.
     """
 
+    request: MPI.Request = MPI.REQUEST_NULL
+    in_flight: set | None = None
+    finish: Callable[[], None] | None = None
+
     def __init__(
         self,
         request: MPI.Request,
@@ -168,6 +172,16 @@ class MpiPending(Pending):
         self.start = time.monotonic()
         if in_flight is not None:
             in_flight.add(self)
+
+    @classmethod
+    def complete(cls) -> MpiPending:
+        """A call that completed where it was made (a small call done at its first test, or
+        a blocking one): nothing to hold, nothing in flight, its ``finish`` already run."""
+        pending = cls.__new__(cls)
+        pending.done = True
+        pending.state = "completed"
+        pending.start = pending.end = time.monotonic()
+        return pending
 
     def test(self) -> bool:
         if not self.done and self.request.Test():

@@ -130,11 +130,16 @@ class NcclBackend(WatchedCommunicator):
         """Order after the caller's stream, issue the NCCL calls, queue ``then`` (work on the
         stream that follows them: at the group's end inside one), record completion."""
         pending = NcclPending(self, blocking)
-        array = arrays[0] if arrays and arrays[0] is not None else None
         # For a message while issuing; the front end fills in the final entry afterwards.
-        seq = 0 if self._context is None else self._context.seq()
-        dtype = getattr(array, "dtype", None)
-        pending.info = (seq, call, getattr(array, "shape", None), dtype and dtype.name)
+        context = self._context
+        current = None if context is None else context.current()
+        if current is not None and current[1] == call:  # as the front end numbered it
+            pending.info = current
+        else:  # (NumPy's dtype.name is slow: a call numbered by the front end skips it)
+            array = arrays[0] if arrays and arrays[0] is not None else None
+            dtype = getattr(array, "dtype", None)
+            seq = 0 if context is None else context.seq()
+            pending.info = (seq, call, getattr(array, "shape", None), dtype and dtype.name)
         state = groups.current()
         self._prune()
         with self.cupy.cuda.Device(self.device):

@@ -41,7 +41,7 @@ _AREA = 8 + _TEXT  # the collective number that text belongs to, then the text
 #: words on every call; parts of two ranks that shared a cache line (or the pair of lines that
 #: CPUs fetch together) cost 0.1 to 0.2 us a call in line transfers between the cores (Open
 #: MPI, 2 ranks, 8 B all_reduce in place: 0.88 to 0.99 us against 0.77 to 0.80 apart; raw
-#: mpi4py 0.71 to 0.81; benchmarks/README.md)
+#: mpi4py 0.71 to 0.81; benchmarks/results/cpu-2core-2026-11-27-board-kept/)
 _WORDS_BYTES = 128  # a rank's words, padded to the pair of cache lines
 _PART = _WORDS_BYTES + _AREA
 _STRIDE = _PART // 8  # words from one rank's part to the next's

@@ -4,6 +4,7 @@ each rank reads only the slices of the saved blocks that overlap the blocks it h
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,35 @@ __all__ = ["load", "resolve"]
 
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")  # the dtypes cast=True converts between
+HALF = ("float16", "bfloat16")
+# a half-precision parameter's float32 master, as OptimizerState and ZeroOptimizer name it
+MASTER = re.compile(r"^(?P<head>(?:.+\.)?)optim\.master\.(?P<tail>.+)$")
+PARAM = re.compile(r"^(?P<head>(?:.+\.)?)params\.(?P<tail>.+)$")
+
+
+def _sources(flat: Any, index: dict[str, Any]) -> tuple[dict[str, str], set[str]]:
+    """Where the precision changed (``cast=True``), which saved tensor fills which name.
+
+    The float32 master is the truth of a half-precision parameter: a run now in half
+    precision takes each master missing from the checkpoint from the saved parameter
+    (``*.params.N`` for ``*.optim.master.N``); a run no longer in half precision takes each
+    parameter from its saved master. Returns ``{name: saved name read instead}`` and the
+    saved names so replaced (not "extra" under ``strict``)."""
+    saved = index["tensors"]
+    sources: dict[str, str] = {}
+    replaced: set[str] = set()
+    for name, shards in flat.tensors.items():
+        master, param = MASTER.match(name), PARAM.match(name)
+        if master and name not in saved:
+            source = f"{master['head']}params.{master['tail']}"
+            if source in saved:
+                sources[name] = source
+        elif param and str(shards[0].local.dtype) not in HALF and name in saved:
+            source = f"{param['head']}optim.master.{param['tail']}"
+            if saved[name]["dtype"] in HALF and source in saved:
+                sources[name] = source
+                replaced.add(name)
+    return sources, replaced
 
 
 def resolve(path: str | Path) -> Path:
@@ -39,11 +69,11 @@ def resolve(path: str | Path) -> Path:
     return found
 
 
-def _problems(flat: Any, index: dict[str, Any], cast: bool) -> list[str]:
+def _problems(flat: Any, index: dict[str, Any], cast: bool, sources: dict[str, str]) -> list[str]:
     """What this rank's state gets wrong against the index (names are checked together)."""
     found = []
     for name, shards in flat.tensors.items():
-        saved = index["tensors"].get(name)
+        saved = index["tensors"].get(sources.get(name, name))
         if saved is None:
             continue
         first = shards[0]
@@ -109,6 +139,10 @@ def load(
     error before any array changes too (``verify=False`` included). With ``cast=True`` a
     tensor saved as float16, bfloat16, float32 or float64 loads into an array of another of
     these dtypes (rounded to it; bfloat16 needs ``ml_dtypes``); other dtypes must match.
+    A run may then change precision from its checkpoint: the float32 master of a
+    half-precision parameter (``*.optim.master.N``, as :class:`OptimizerState` and
+    ``ZeroOptimizer`` save it) missing from the checkpoint is read from the saved parameter
+    ``*.params.N``, and a parameter no longer in half precision is read from its saved master.
 
     Example::
 
@@ -125,12 +159,16 @@ def load(
     found: dict[str, Any] = {}
     index: dict[str, Any] = {}
     reads: list[tuple[Any, tuple, Any]] = []
+    sources: dict[str, str] = {}
+    replaced: set[str] = set()
     try:
         checkpoint = resolve(path)
         index = read_index(checkpoint)
-        found["problems"] = _problems(flat, index, cast)
+        if cast:
+            sources, replaced = _sources(flat, index)
+        found["problems"] = _problems(flat, index, cast, sources)
         if not found["problems"]:
-            reads, found["problems"] = _plan(checkpoint, index, flat)
+            reads, found["problems"] = _plan(checkpoint, index, flat, sources)
         if verify:
             files = sorted(index["files"])
             bad = []
@@ -149,15 +187,17 @@ def load(
             found["problems"] += bad
     except CheckpointError as error:
         found["problems"] = [str(error).removeprefix("load: ")]
-    found["names"] = sorted(flat.tensors) + sorted(flat.values)
+    found["names"] = sorted(sources.get(n, n) for n in flat.tensors) + sorted(flat.values)
+    found["replaced"] = sorted(replaced)
     every = exchange(comm, found)
     problems = []
     for report in every:
         problems += [p for p in report["problems"] if p not in problems]
     if index:
         asked = set().union(*(set(report["names"]) for report in every))
+        replaced = set().union(*(set(report.get("replaced", ())) for report in every))
         saved = set(index["tensors"]) | set(index["values"])
-        missing, extra = sorted(asked - saved), sorted(saved - asked)
+        missing, extra = sorted(asked - saved), sorted(saved - asked - replaced)
         if missing:
             problems.append(f"names missing from the checkpoint: {missing}")
         if extra and strict:
@@ -176,7 +216,7 @@ def load(
 
 
 def _plan(
-    checkpoint: Path, index: dict[str, Any], flat: Any
+    checkpoint: Path, index: dict[str, Any], flat: Any, sources: dict[str, str]
 ) -> tuple[list[tuple[Any, tuple, Any]], list[str]]:
     """What this rank reads: ``(local array, slices into it, saved block view)`` for each
     overlap, every file's header read and every block found in it (no data read yet);
@@ -184,12 +224,13 @@ def _plan(
     files: dict[str, SafetensorsReader] = {}
     reads, problems = [], []
     for name, shards in flat.tensors.items():
-        if name not in index["tensors"]:
+        entry = index["tensors"].get(sources.get(name, name))
+        if entry is None:
             continue  # a missing name: reported once all ranks' names are known
-        dtype = index["tensors"][name]["dtype"]
+        dtype = entry["dtype"]
         for shard in shards:
             filled = 0
-            for saved in index["tensors"][name]["shards"]:
+            for saved in entry["shards"]:
                 overlap = intersect(shard.offsets, shard.shape, saved["offsets"], saved["shape"])
                 if overlap is None:
                     continue

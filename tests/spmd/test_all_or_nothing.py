@@ -2,7 +2,7 @@
 it, and its waits in progress, raise the class of that failure (a timeout is a
 ``CollectiveTimeoutError`` on every rank) naming it; a late rank never completes a call the
 others failed; later calls raise ``CommunicatorStateError``. And with check mode off, ranks that disagree
-are caught on the schedule the README gives instead of getting wrong numbers forever.
+are caught on the schedule docs/failures.md gives instead of getting wrong numbers forever.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ SPMD_TIMEOUT = 120
 
 
 def scheduled(nth: int) -> bool:
-    """Whether collective ``nth`` is compared across ranks with check mode off, as the README
-    says: #1 to #8, then #16, #32, ... #1024, then every 1024th."""
+    """Whether collective ``nth`` is compared across ranks with check mode off, as
+    docs/failures.md says: #1 to #8, then #16, #32, ... #1024, then every 1024th."""
     return nth <= 8 or (nth <= 1024 and nth & (nth - 1) == 0) or nth % 1024 == 0
 
 

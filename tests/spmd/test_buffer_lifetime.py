@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 WORLD_SIZES = (2, 3)
 SPMD_TIMEOUT = 300
 
-COUNTS = (1024, 1 << 20)
+COUNTS = (1024, 1 << 18)  # 1 MiB of float32: past every MPI's eager limit
 GARBAGE = -12345.0  # what the churning thread writes: never a correct result
 
 
@@ -97,7 +97,7 @@ def test_reductions_through_temporaries(comm, xp, churn, verb, in_place, async_o
     wrong = []
     for name in _widened_or_staged_dtypes(xp):
         for count in COUNTS:
-            for salt in range(3):
+            for salt in range(2):
                 shape = (size, count // size) if verb == "reduce_scatter" else (count,)
                 mine = _inputs(xp, shape, rank, salt)
                 expected = sum(_inputs(xp, shape, r, salt) for r in range(size))

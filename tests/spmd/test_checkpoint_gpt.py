@@ -55,3 +55,43 @@ def test_resumed_on_another_mesh_equals_never_stopping(comm, pair):
         world.Barrier()
         if world.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.numpy_only(reason="bf16 runs on ml_dtypes' NumPy bfloat16")
+def test_resumed_in_another_precision_follows_float32(comm):
+    """fp32 saved on one mesh, resumed in bf16 on another, and back: each resumed run
+    follows the float32 run that never stopped (within 2%, the precision test's bound); the
+    masters' exactness is tests/test_checkpoint.py's."""
+    if comm.size != 2:
+        pytest.skip("one world size shows it (the meshes are the other test's)")
+    example = load_example()
+    first, second = PAIRS[comm.size][0]
+    world = MPI.COMM_WORLD
+    directory = Path(world.bcast(tempfile.mkdtemp(prefix="gpt-") if world.rank == 0 else None))
+    try:
+        fp32 = dict(precision="fp32")
+        straight = example.train(comm, config(example, first, steps=6, **fp32))
+        example.train(
+            comm, config(example, first, steps=3, save=str(directory / "a"), save_every=3, **fp32)
+        )
+        half = example.train(
+            comm,
+            config(
+                example,
+                second,
+                steps=6,
+                resume=str(directory / "a"),
+                precision="bf16",
+                save=str(directory / "b"),
+                save_every=5,
+            ),
+        )
+        assert half == pytest.approx(straight[3:], rel=0.02)
+        back = example.train(
+            comm, config(example, first, steps=6, resume=str(directory / "b"), **fp32)
+        )
+        assert back == pytest.approx(straight[5:], rel=0.02)
+    finally:
+        world.Barrier()
+        if world.rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)

@@ -25,7 +25,7 @@ import collectives as col
 from tests.short_timeout import init_with_short_timeout, warm_up_counts
 
 WORLD_SIZES = (2, 3)
-#: with check mode off, collectives #1 to #8 are all compared across ranks (README)
+#: with check mode off, collectives #1 to #8 are all compared across ranks (docs/failures.md)
 EVERY_CALL_UNTIL = 8
 
 # Timeouts raised in the caller need non-blocking MPI calls (mpi_blocking=False): a blocking
