@@ -77,6 +77,10 @@ class Lines:
     def text(self) -> str:
         return "\n".join(line for _, line in self.lines)
 
+    def finish(self, timeout: float = 10.0) -> None:
+        """Wait for the last lines (after the process ended), as long as ``timeout``."""
+        self._thread.join(timeout)
+
 
 def losses(lines: list[str]) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in map(STEP.match, lines) if m}
@@ -118,6 +122,7 @@ def test_the_gpt_example_outlives_a_node_and_resumes_on_the_two_left():
         finally:
             if wrapper.poll() is None:
                 wrapper.kill()
+        out.finish()
         restarted = out.wait_for(r"restart 1 of 1 on node0:2,node1:2", timeout=5)
         output = out.text()
         assert wrapper.returncode == 0, output
@@ -198,6 +203,7 @@ def test_a_cut_link_is_outlived_and_the_first_run_leaves_nothing_behind():
         finally:
             if wrapper.poll() is None:
                 wrapper.kill()
+        out.finish()
     output = out.text()
     assert wrapper.returncode == 0, output
     assert "host node2 stopped answering the probe" in output
