@@ -81,6 +81,15 @@ def _without_job_variables(environ: Mapping[str, str]) -> dict[str, str]:
     }  # fmt: skip
 
 
+def launch_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, without another job's variables, plus what this MPI
+    needs to start here, plus ``extra``."""
+    env = _without_job_variables(os.environ)
+    env.update(_NEEDS.get(mpi_family(), {}))
+    env.update(extra or {})
+    return env
+
+
 @contextlib.contextmanager
 def mpi_env(extra: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
     """The environment for an ``mpiexec`` started by a test, for as long as the job runs:
@@ -93,11 +102,7 @@ def mpi_env(extra: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
     start"). In a directory of its own, no job can meet another's leftovers."""
     tmpdir = tempfile.mkdtemp(prefix="mpijob-")
     try:
-        env = _without_job_variables(os.environ)
-        env.update(_NEEDS.get(mpi_family(), {}))
-        env["TMPDIR"] = tmpdir
-        env.update(extra or {})
-        yield env
+        yield launch_env({"TMPDIR": tmpdir, **(extra or {})})
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 

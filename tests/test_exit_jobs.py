@@ -94,3 +94,37 @@ def test_leaving_with_a_failed_communicator_ends_normally_when_every_rank_leaves
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "rank 0 caught the timeout" in output and "aborting" not in output
+
+
+# MPICH's MPI_Abort returns once it has asked the launcher to end the job; a launcher that
+# cannot be reached (a node's link cut) never kills the rank. Here every MPI's Abort returns
+# without asking, as MPICH's does then: the rank must end itself, with the abort's code.
+ABORT_RETURNS = """
+from mpi4py import MPI
+
+class ReturningAbort(MPI.Intracomm):
+    def Abort(self, errorcode=0):
+        print(f"MPI_Abort({{errorcode}}) returned", flush=True)
+
+MPI.COMM_WORLD = ReturningAbort(MPI.COMM_WORLD)
+import sys, numpy as np, collectives as col
+comm = col.init(backend="mpi", timeout=30, mpi_blocking=False)
+comm.all_reduce(np.ones(2))
+if comm.rank == 1:
+    {leave}
+comm.all_reduce(np.ones(4))   # rank 0 waits here: 30 s, unless rank 1's end ends the job
+"""
+
+
+@pytest.mark.parametrize(
+    "leave,code",
+    [("raise ValueError('fails on purpose')", 1), ("sys.exit(3)", 3)],
+    ids=["uncaught", "sys.exit"],
+)
+def test_a_rank_whose_mpi_abort_returns_ends_itself_with_the_abort_s_code(tmp_path, leave, code):
+    proc, elapsed = _job(tmp_path, ABORT_RETURNS.format(leave=leave), 2, {})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output  # the rank's code; Intel MPI's launcher says 255
+    assert elapsed < 20, f"job took {elapsed:.1f} s to end (rank 0's timeout is 30 s)"
+    assert output.count(f"MPI_Abort({code}) returned") == 1, output
+    assert "Exception ignored" not in output, output

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from typing import Any, NoReturn
 
 from mpi4py import MPI
@@ -31,12 +32,17 @@ from .._errors import (
 )
 from .._safety import exit as _exit
 from .._safety.handshake import arrive
-from .._safety.progress import ProgressBoard
+from .._safety.progress import ProgressBoard, across_nodes
 from .backend import Backend
 from .books import IN_USE, CallBooks
 from .work import Pending
 
 _get_ident = threading.get_ident
+
+#: seconds (at most; at most the timeout) that a rank whose call timed out, or which was told
+#: of a timeout, waits for the other nodes' boards: a rank told passes the notice on at its
+#: wait's next look for notices (every 0.3 s or so; more on a loaded machine)
+VIEWS_WAIT = 2.0
 
 
 class Lifecycle:
@@ -254,26 +260,62 @@ class Lifecycle:
         notice = None if guard is None or self._unusable is not None else guard.failure()
         if notice is not None:
             kind, text = notice
-            self._die(kind(f"{call}: communicator is unusable: {text}"), False)
+            self._die(kind(f"{call}: communicator is unusable: {text}"), told=text)
 
-    def _die(self, error: CollectivesError, announce: bool = True) -> None:
+    def _die(self, error: CollectivesError, told: str | None = None) -> None:
         """Mark the communicator dead after a timeout, abort the backend, raise ``error``;
-        tell the other ranks unless they told this one (the notice carries the class of
-        ``error``, which they raise)."""
+        tell the other ranks unless they told this one (``told``: the text of their notice;
+        the notice carries the class of ``error``, which they raise). After a timeout on
+        several nodes, the error names the ranks that never arrived from every node's board
+        (:meth:`_name_the_missing`)."""
         if self._unusable is None:
             self._unusable = error
             self._failed = True
             _exit.failed(error, self.timeout)
-            guard = self._books.checker
-            if announce and guard is not None:
+            guard, board = self._books.checker, self._progress
+            across = (
+                isinstance(error, CollectiveTimeoutError)
+                and guard is not None
+                and board is not None
+                and len(board.members) < self.size
+            )
+            view = board.view() if across and board is not None else None
+            if guard is not None and told is None:
                 world = self._world_ranks[self.rank]
                 guard.announce(
                     event_name(error),
                     f"rank {self.rank} (world rank {world}) declared it failed: {error}",
+                    view,
                 )
+            elif guard is not None and across:  # passed on, with this node's view
+                guard.announce(event_name(error), told, view)
+            if across:
+                self._name_the_missing(error)
             self._dump_flight_record()
             self._impl.abort()
         raise error
+
+    def _name_the_missing(self, error: CollectivesError) -> None:
+        """Add to ``error`` which ranks never arrived, from the boards of every node: this
+        node's, and the views that the other nodes' notices bring (waited for at most
+        :data:`VIEWS_WAIT` seconds, as long as this rank's own notice has not left for every
+        rank that reached the call, which needs its view); a rank on no board that answered is
+        found by elimination (:func:`._safety.progress.across_nodes`)."""
+        guard, board = self._books.checker, self._progress
+        assert guard is not None and board is not None
+        deadline = time.monotonic() + min(VIEWS_WAIT, self.timeout)
+        while True:
+            guard.failure()  # receives every notice that arrived, and its view
+            views = dict(guard.notice.views)
+            for rank, nth in board.view().items():  # this node's, the freshest
+                views[rank] = max(nth, views.get(rank, 0))
+            furthest = max(views.values())
+            arrived = {rank for rank, nth in views.items() if nth == furthest}
+            complete = len(views) >= self.size and guard.notice.delivered(arrived)
+            if complete or time.monotonic() > deadline:
+                break
+            time.sleep(1e-3)
+        error.args = (f"{error} {across_nodes(views, self.size)}",)
 
     def flight_record(self) -> list[dict]:
         """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""

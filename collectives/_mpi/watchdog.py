@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from .._core.deadline import overdue
 from .._core.work import Pending
-from .._safety.stderr import let_the_launcher_read_stderr
+from .._safety.ending import abort_job
 
 
 class _Watchdog:
@@ -65,9 +65,7 @@ class _Watchdog:
             "A blocking MPI call cannot be interrupted (COLLECTIVES_MPI_BLOCKING=0 makes "
             "it non-blocking): aborting the job.\n"
         )
-        sys.stderr.flush()
-        let_the_launcher_read_stderr()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
 
 
 WATCHDOG = _Watchdog()

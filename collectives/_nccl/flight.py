@@ -31,7 +31,7 @@ from .._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from .._safety.stderr import let_the_launcher_read_stderr
+from .._safety.ending import abort_job
 from . import groups
 from .device import event_done, finished, new_stream
 from .rules import cuda_error, nccl_error
@@ -311,9 +311,7 @@ class WatchedCommunicator:
             f"A host thread is still inside NCCL ({what}) {HOST_HANG_GRACE_S:g} s after the "
             "failure, where no error can reach it: aborting the job.\n"
         )
-        sys.stderr.flush()
-        let_the_launcher_read_stderr()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
 
     def _release_arrays(self) -> None:
         """After the abort (or destroy): drop the arrays once what was queued before it has

@@ -18,7 +18,7 @@ from typing import Any
 from mpi4py import MPI
 
 from . import fork as _fork
-from .stderr import let_the_launcher_read_stderr as _let_the_launcher_read_stderr
+from .ending import abort_job
 
 
 def abort_on_exception(exit_code: int = 1) -> None:
@@ -47,9 +47,7 @@ def abort_on_exception(exit_code: int = 1) -> None:
         else:
             text = "".join(traceback.format_exception(kind, value, tb))
             sys.stderr.write(f"[rank {rank}] uncaught exception, aborting the job:\n{text}")
-        sys.stderr.flush()
-        _let_the_launcher_read_stderr()
-        MPI.COMM_WORLD.Abort(exit_code)
+        abort_job(exit_code)
 
     hook._aborts_the_job = True  # type: ignore[attr-defined]
     sys.excepthook = hook

@@ -40,8 +40,8 @@ from typing import Any, NoReturn
 from mpi4py import MPI
 
 from . import fork as _fork
+from .ending import abort_job
 from .fork import exit_code
-from .stderr import let_the_launcher_read_stderr
 
 FAILED_EXIT_CODE = 1
 #: seconds a rank that called ``sys.exit(n)`` waits for the others at the exit barrier: when
@@ -172,7 +172,4 @@ def _free_world(comm: MPI.Comm) -> None:
 
 def _abort(message: str, code: int) -> NoReturn:
     sys.stderr.write(message)
-    sys.stderr.flush()
-    let_the_launcher_read_stderr()
-    MPI.COMM_WORLD.Abort(code)
-    raise SystemExit(code)  # not reached: the abort ends this process
+    abort_job(code)

@@ -11,10 +11,13 @@ more than half its timeout (nothing is done on the other calls, so that they cos
   next verified call and in every wait that lasts (:meth:`Pending._waited`), and then raises
   the class of the first failure (the notice carries it: a timeout is a
   ``CollectiveTimeoutError`` on every rank, :mod:`._errors`), naming that failure and its
-  rank. A rank that arrives late at a call the others failed comes to it after more than the
-  timeout without a call on this communicator (the others waited that long for it), so its
-  call is verified, and refused before it is posted: it never completes a call that the
-  others failed.
+  rank. A notice also carries its sender's view of its node's progress board (each rank's
+  collective number); after a timeout every rank told passes the notice on with its own
+  node's view, so that every rank can say which ranks never arrived, whichever node they
+  are on (:func:`._safety.progress.across_nodes`). A rank that arrives late at a call the
+  others failed comes to it after more than the timeout without a call on this communicator
+  (the others waited that long for it), so its call is verified, and refused before it is
+  posted: it never completes a call that the others failed.
 - **Mismatches caught by default.** With check mode off, collectives #1 to #8 and then #16,
   #32, ..., #1024 and every 1024th after are compared across ranks (the same numbers on every
   rank). The comparison overlaps the call: its all-reduce of fingerprints (check mode's, over
@@ -42,7 +45,9 @@ from .check import Checker
 
 EVERY_CALL_UNTIL = 8  # the first collectives, where a program's mistakes show first
 PERIOD = 1024  # then powers of two up to this, then every PERIOD-th
-_NOTICE_BYTES = 512
+# the class, the sender's view and the text: under the eager limit of Open MPI's shared
+# memory, 4 KiB (`ompi_info --param btl sm --level 9`), so that no send waits for a receive
+_NOTICE_BYTES = 2048
 _TAG = 7
 _LEFT: list[MPI.Comm] = []  # notice communicators not freed: a message may still come
 
@@ -74,7 +79,8 @@ def scheduled(nth: int) -> bool:
 class FailureNotice:
     """The first "I declared it failed" of any other rank, looked for with ``MPI_Iprobe``:
     the communicator's id, the name of the error's class (:func:`._errors.event_name`), a
-    colon, and the text.
+    colon, the sender's view (``rank=number`` for each rank of its node, comma-separated), a
+    colon, and the text. ``views`` gathers the views of every notice that arrived.
 
     No receive stays posted: a standing receive from any source makes MPICH poll every
     network on each progress call, which slowed every 8-byte all_reduce by about a tenth.
@@ -92,38 +98,51 @@ class FailureNotice:
             self.mpi.Bcast(drawn, root=0)
             self.id = int(drawn[0])
         self.sent: list[MPI.Request] = []
+        self._peers: list[int] = []  # whom each of ``sent`` goes to
         self.received: tuple[type[CollectivesError], str] | None = None
+        #: each rank's collective number, as the boards of the notices' senders showed it
+        self.views: dict[int, int] = {}
         self._data = bytearray()
 
-    def announce(self, kind: str, text: str) -> None:
+    def announce(self, kind: str, text: str, view: dict[int, int] | None = None) -> None:
         """Tell every other rank that the communicator failed with an error of class ``kind``
-        (a name of :mod:`._errors`), saying ``text`` (no wait: a small message, sent eagerly)."""
+        (a name of :mod:`._errors`), saying ``text``, with ``view`` (rank: collective number,
+        for the ranks of this node); no wait: a small message, sent eagerly. Once only."""
         if self.size == 1 or self.sent or self.mpi == MPI.COMM_NULL:
             return
-        body = f"{kind}:{text}".encode()
+        seen = ",".join(f"{rank}={nth}" for rank, nth in sorted((view or {}).items()))
+        body = f"{kind}:{seen}:{text}".encode()
         data = self.id.to_bytes(8, "little") + body[: _NOTICE_BYTES - 8]
         self._data = bytearray(data.ljust(_NOTICE_BYTES, b"\0"))
-        self.sent = [
-            self.mpi.Isend([self._data, MPI.BYTE], peer, _TAG)
-            for peer in range(self.size)
-            if peer != self.rank
-        ]
+        self._peers = [peer for peer in range(self.size) if peer != self.rank]
+        self.sent = [self.mpi.Isend([self._data, MPI.BYTE], peer, _TAG) for peer in self._peers]
+
+    def delivered(self, ranks: set[int]) -> bool:
+        """Whether this rank's notice has left for each of ``ranks`` (a send may need this
+        rank's progress to go: Open MPI's over TCP, to a rank not yet connected to)."""
+        return all(r.Test() for r, peer in zip(self.sent, self._peers) if peer in ranks)
 
     def failure(self) -> tuple[type[CollectivesError], str] | None:
-        """The class and text of the notice another rank sent, once it has arrived; else
-        None."""
+        """The class and text of the first notice another rank sent, once it has arrived;
+        else None. Every notice that arrived is received, its view added to ``views``."""
         # Twice: Intel MPI's first probe may only progress an arrived notice in (measured).
         for _ in range(2):
-            if self.received is not None or self.mpi == MPI.COMM_NULL:
+            if self.mpi == MPI.COMM_NULL:
                 break
             while self.mpi.Iprobe(MPI.ANY_SOURCE, _TAG, self._status):
                 buffer = bytearray(_NOTICE_BYTES)
                 self.mpi.Recv([buffer, MPI.BYTE], self._status.Get_source(), _TAG)
                 if int.from_bytes(buffer[:8], "little") == self.id:  # else for a closed one
                     body = buffer[8:].rstrip(b"\0").decode(errors="replace")
-                    kind, _, text = body.partition(":")
-                    self.received = (event_class(kind), text)
-                    break
+                    kind, _, rest = body.partition(":")
+                    seen, _, text = rest.partition(":")
+                    for pair in filter(None, seen.split(",")):
+                        rank, _, nth = pair.partition("=")
+                        self.views[int(rank)] = max(int(nth), self.views.get(int(rank), 0))
+                    if self.received is None:
+                        self.received = (event_class(kind), text)
+            if self.received is not None:
+                break
         return self.received
 
     _status = MPI.Status()
@@ -221,8 +240,8 @@ class Guard:
     def failure(self) -> tuple[type[CollectivesError], str] | None:
         return self.notice.failure()
 
-    def announce(self, kind: str, text: str) -> None:
-        self.notice.announce(kind, text)
+    def announce(self, kind: str, text: str, view: dict[int, int] | None = None) -> None:
+        self.notice.announce(kind, text, view)
 
     def close(self, failed: bool = False) -> None:
         self.notice.close(failed)

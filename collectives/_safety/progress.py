@@ -3,7 +3,9 @@ memory shared within a node.
 
 A rank that times out reads the board to say which ranks never reached its call, and what
 each rank of the node is waiting in (so a rank that skipped a collective and waits in the next
-one is named by what it does, not only by its number). The board is
+one is named by what it does, not only by its number). A board shows one node; across nodes
+the ranks that time out or are told of a timeout exchange their boards' views
+(:mod:`collectives._safety.guard`), which :func:`across_nodes` puts together. The board is
 a file in /dev/shm that every rank of the node maps and that is unlinked as soon as all have
 opened it, so nothing is left behind even if the job is killed, and closing needs no
 collective (which a communicator that timed out could not complete).
@@ -68,6 +70,44 @@ def shares_a_core(mine: frozenset[int], node: list[frozenset[int]]) -> bool:
     return len(mine) == 1 and node.count(mine) > 1
 
 
+def across_nodes(views: dict[int, int], size: int) -> str:
+    """Which of ``size`` ranks have not reached the furthest collective, from the ``views``
+    (rank: collective number) of the boards of every node that answered. A rank on no board
+    that answered (alone on its node, or all of its node's ranks silent) cannot be seen: where
+    every rank seen has reached that collective, one rank unseen is named by elimination, and
+    of several unseen, one or more never arrived.
+
+    Example:
+        >>> across_nodes({0: 2, 1: 2, 2: 2, 3: 1}, 4)
+        'From the boards of every node: ranks that have not reached collective #2: rank 3 (at collective #1).'
+        >>> across_nodes({0: 2, 1: 2, 3: 2, 4: 2}, 5)
+        'From the boards of the nodes that answered: ranks that have not reached collective #2: rank 2 (on no board that answered: by elimination, as every rank seen has reached it).'
+        >>> across_nodes({0: 2, 1: 2}, 4)
+        'From the boards of the nodes that answered: every rank seen has reached collective #2; of ranks 2, 3, on no board that answered, one or more never did.'
+    """
+    furthest = max(views.values(), default=0)
+    behind = [f"rank {r} (at collective #{n})" for r, n in sorted(views.items()) if n < furthest]
+    unseen = [r for r in range(size) if r not in views]
+    whose = "the nodes that answered" if unseen else "every node"
+    if len(unseen) == 1 and not behind:
+        why = "on no board that answered: by elimination, as every rank seen has reached it"
+        behind = [f"rank {unseen[0]} ({why})"]
+    elif unseen and not behind:
+        listed = ", ".join(map(str, unseen))
+        return (
+            f"From the boards of {whose}: every rank seen has reached collective #{furthest}; "
+            f"of ranks {listed}, on no board that answered, one or more never did."
+        )
+    elif unseen:
+        behind.append("and, on no board that answered, " + ", ".join(f"rank {r}" for r in unseen))
+    if not behind:
+        return f"From the boards of {whose}: every rank has reached collective #{furthest}."
+    listed = ", ".join(behind)
+    return (
+        f"From the boards of {whose}: ranks that have not reached collective #{furthest}: {listed}."
+    )
+
+
 class ProgressBoard:
     """``slots[local_rank]`` holds each rank's latest collective's number (the communicator
     writes its own on every collective); ``report()`` says which ranks are behind this one.
@@ -122,6 +162,10 @@ class ProgressBoard:
     def _area(index: int) -> int:
         """Where local rank ``index``'s area begins, in bytes."""
         return index * _PART + _WORDS_BYTES
+
+    def view(self) -> dict[int, int]:
+        """Each rank of this node: its latest collective's number."""
+        return {r: int(self.slots[i]) for i, r in enumerate(self.members)}
 
     def waiting(self, text: str) -> None:
         """Post that this rank is blocked in the call ``text`` describes (only once a wait

@@ -5,7 +5,9 @@ renames and removals, and the kill points tests use: :mod:`ddp.checkpoint._commi
 from __future__ import annotations
 
 import math
+import secrets
 import shutil
+import socket
 import threading
 import time
 import warnings
@@ -39,6 +41,10 @@ _PENDING: list[SaveHandle] = []  # async saves not yet committed, completed by t
 # Host buffers of the last async save, reused by the next one (its writes are over by then):
 # fresh memory costs a page fault per page, which made the copy several times slower.
 _STAGING: dict[tuple, np.ndarray] = {}
+# Rank 0 leaves a file of this name and a token drawn for the save in the temporary
+# directory; a rank that does not find it there saves to another folder than rank 0 (one
+# of its own node's, not shared), and says so instead of writing where no index will be.
+_MARK = ".made-by-rank-0-"
 
 
 def latest(directory: str | Path) -> Optional[Path]:
@@ -165,9 +171,13 @@ class SaveHandle:
         step: int,
         keep: Optional[int],
         plan: dict,
+        mark: str = "",
     ) -> None:
         self.comm, self.temp, self.final, self.step, self.keep = comm, temp, final, step, keep
         self._plan = plan
+        self._mark = mark  # rank 0's mark in temp; "": none to look for (one rank)
+        #: whether rank 0's temporary directory is seen here (false: the folder is not shared)
+        self.sees_rank_0 = not mark or (temp / mark).exists()
         self._result: dict[str, Any] = {}
         self._thread: Optional[threading.Thread] = None
         self._path: Optional[Path] = None
@@ -180,7 +190,9 @@ class SaveHandle:
         tensors = self._plan["tensors"]
         start = time.perf_counter()
         try:
-            if tensors:
+            if not self.sees_rank_0:
+                self._result = {"error": self._not_shared(rank)}
+            elif tensors:
                 name = f"rank-{rank:05d}.safetensors"
                 nbytes, crc = write_safetensors(
                     self.temp / name, tensors, {"format": FORMAT, "rank": str(rank)}
@@ -191,6 +203,14 @@ class SaveHandle:
         except Exception as error:  # reported to every rank in wait()
             self._result = {"error": f"rank {rank}: {type(error).__name__}: {error}"}
         self.write_seconds = time.perf_counter() - start
+
+    def _not_shared(self, rank: int) -> str:
+        folder = self.final.parent
+        return (
+            f"rank {rank} (on {socket.gethostname()}) does not see in {folder} the "
+            f"{self.temp.name} that rank 0 made there: every rank must save to the same "
+            "folder, seen by all (a shared file system), not one of its own node's"
+        )
 
     def _start(self, background: bool) -> None:
         if background:
@@ -241,6 +261,8 @@ class SaveHandle:
         outcome: dict[str, Any] = {}
         if world(comm).rank == 0:
             try:
+                if self._mark:  # every rank has looked for it
+                    (self.temp / self._mark).unlink()
                 self._write_index(results)
                 commit(self.temp, self.final)
             except Exception as error:
@@ -362,6 +384,9 @@ def save(
         directory.mkdir(parents=True, exist_ok=True)
         recover(directory)  # what saves killed midway left
         temp.mkdir()
+        if not alone:
+            meta = {**meta, "mark": _MARK + secrets.token_hex(8)}
+            (temp / meta["mark"]).touch()
     metas = exchange(comm, meta)  # also: the directory exists from here on
     try:
         wrong = [f"rank {r}: {m['error']}" for r, m in enumerate(metas) if "error" in m]
@@ -397,7 +422,8 @@ def save(
         _STAGING.clear()
         _STAGING.update(staging)
     plan = {"tensors": mine, "table": table, "writers": writers, "values": values}
-    handle = SaveHandle(comm, temp, step_dir(directory, int(step)), int(step), keep, plan)
+    mark = metas[0].get("mark", "")
+    handle = SaveHandle(comm, temp, step_dir(directory, int(step)), int(step), keep, plan, mark)
     handle._start(background=async_op)
     return handle if async_op else handle.wait()
 
