@@ -6,7 +6,9 @@ naming every node), IPC (its own System V segments) and network (``lo`` and an `
 ``10.77.0.<i+1>``). Each ``eth0`` is one end of a veth pair whose other end is on a bridge in
 a network namespace made for it: no address or link is ever added to the host's own network.
 Everything outside ``/tmp`` and ``/dev/shm`` (the repository, the virtual environments,
-``Nodes.shared``) is one file system, seen alike from every node, as on a cluster.
+``Nodes.shared``) is one file system, seen alike from every node, as on a cluster; where the
+repository or this Python's environment lies under ``/tmp`` (a clone there), its folder is
+mounted into each node's ``/tmp`` as well.
 
 Jobs start on ``node0`` with the ``mpiexec`` of this Python (as the suite's other jobs do),
 told to reach the other hosts through ``ssh``: a stand-in script that, instead of logging
@@ -87,11 +89,25 @@ exec nsenter -t "$pid" -u -m -i -n -- env TMPDIR=/tmp sh -c "$*"
 """
 
 # A node's holder: it makes its private mounts and host name, says so, and then only waits.
+# The folders given after the hosts file (under /tmp) stay seen through the node's own /tmp:
+# held by a mount on the new /dev/shm while /tmp is replaced, then moved into it.
 HOLDER = """set -e
 hostname "$1"
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+hosts=$2
+shift 2
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-mount --bind "$2" /etc/hosts
+n=0
+for keep in "$@"; do
+    mkdir "/dev/shm/keep$n" && mount --bind "$keep" "/dev/shm/keep$n"
+    n=$((n + 1))
+done
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+n=0
+for keep in "$@"; do
+    mkdir -p "$keep" && mount --move "/dev/shm/keep$n" "$keep" && rmdir "/dev/shm/keep$n"
+    n=$((n + 1))
+done
+mount --bind "$hosts" /etc/hosts
 ip link set lo up
 echo ready
 exec sleep infinity
@@ -103,6 +119,17 @@ ip link set br0 up
 echo ready
 exec sleep infinity
 """
+
+
+def kept_under_tmp() -> list[str]:
+    """The folders right under ``/tmp`` that hold the repository, this Python's environment
+    or its launcher: every node must see them, though each has a ``/tmp`` of its own."""
+    kept = set()
+    for path in (REPO, Path(sys.prefix), Path(sys.base_prefix), Path(mpiexec()).resolve()):
+        path = path.resolve()
+        if path.is_relative_to("/tmp") and path != Path("/tmp"):
+            kept.add(str(Path("/tmp") / path.relative_to("/tmp").parts[0]))
+    return sorted(kept)
 
 
 def unavailable() -> str | None:
@@ -174,7 +201,7 @@ class Nodes:
         for name in self.names:
             self._holders[name] = _holder(
                 ["unshare", "-u", "-m", "-i", "-n", "--propagation", "private", "--",
-                 "sh", "-c", HOLDER, "holder", name, str(hosts)]
+                 "sh", "-c", HOLDER, "holder", name, str(hosts), *kept_under_tmp()]
             )  # fmt: skip
         pids = self.shared / "hosts"
         pids.mkdir()

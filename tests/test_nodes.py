@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.nodes import Nodes, skip_unless_available
+from tests.nodes import Nodes, kept_under_tmp, skip_unless_available
 
 pytestmark = pytest.mark.usefixtures("nodes_available")
 
@@ -27,7 +28,8 @@ def test_each_node_has_its_own_host_name_tmp_and_address_and_everything_goes_aft
     with Nodes(2) as nodes:
         _in(nodes, "node0", "echo zero > /tmp/mark")
         assert _in(nodes, "node0", "hostname; cat /tmp/mark").split() == ["node0", "zero"]
-        assert _in(nodes, "node1", "hostname; ls /tmp").split() == ["node1"]
+        seen = _in(nodes, "node1", "hostname; ls /tmp").split()  # and a clone's folder there
+        assert seen == ["node1", *(Path(p).name for p in kept_under_tmp())]
         assert "10.77.0.2/24" in _in(nodes, "node1", "ip -br addr show eth0")
         assert "10.77.0.1 node0" in _in(nodes, "node1", "cat /etc/hosts")
         result = nodes.job(["hostname"], ranks=[1, 2])
