@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -36,23 +37,33 @@ def _script(nodes: Nodes, text: str, name: str = "job.py") -> list[str]:
     return [sys.executable, str(path), str(nodes.shared)]
 
 
-def _wait_for(paths: list[Path], limit: float) -> list[Path]:
-    """The paths still missing after waiting at most ``limit`` seconds for them."""
+def _wait_for(
+    paths: list[Path], limit: float, ready: Callable[[Path], object] = Path.exists
+) -> list[Path]:
+    """The paths not yet there (or not ``ready``) after waiting at most ``limit`` seconds."""
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline and not all(p.exists() for p in paths):
+
+    def late() -> list[Path]:
+        return [p for p in paths if not (p.exists() and ready(p))]
+
+    while time.monotonic() < deadline and late():
         time.sleep(0.05)
-    return [p for p in paths if not p.exists()]
+    return late()
 
 
 # ---------------------------------------------------------------- a timeout names the missing
 
 # Rank `missing` never reaches collective #2; rank `first` times out first (1.5 s), the
-# others later (8 s) unless told. Every rank but the missing one writes its error to a file.
+# others later (8 s) unless told. Every rank but the missing one writes its error to a file:
+# polled, the error raised; blocking, what the watchdog prints before it ends the job.
 MISSING = """
 import sys, time, numpy as np, collectives as col
 from mpi4py import MPI
 rank = MPI.COMM_WORLD.Get_rank()
-comm = col.init(backend="mpi", timeout=1.5 if rank == {first} else 8.0, mpi_blocking=False)
+blocking = {blocking}
+if blocking:
+    sys.stderr = open(f"{{sys.argv[1]}}/error{{rank}}.txt", "w", buffering=1)
+comm = col.init(backend="mpi", timeout=1.5 if rank == {first} else 8.0, mpi_blocking=blocking)
 comm.all_reduce(np.ones(2))
 if rank == {missing}:
     time.sleep(60)
@@ -64,26 +75,30 @@ time.sleep(60)
 """
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["polled", "blocking"])
 @pytest.mark.parametrize(
     "ranks,missing,first",
     [([2, 2], 3, 0), ([2, 1, 2], 2, 4)],
     ids=["2x2-first-on-the-other-node", "2+1+2-alone-on-its-node"],
 )
-def test_every_rank_s_timeout_names_the_rank_that_never_arrived(ranks, missing, first):
+def test_every_rank_s_timeout_names_the_rank_that_never_arrived(ranks, missing, first, blocking):
+    """Polled waits read the notices themselves; a rank stuck in a blocking MPI call (the
+    default on Open MPI and Intel MPI) is named and ended by the watchdog's thread."""
     with Nodes(len(ranks)) as nodes:
-        argv = _script(nodes, MISSING.format(first=first, missing=missing))
+        argv = _script(nodes, MISSING.format(first=first, missing=missing, blocking=blocking))
         job = nodes.launch(argv, ranks)
         others = [r for r in range(sum(ranks)) if r != missing]
         files = [nodes.shared / f"error{r}.txt" for r in others]
-        late = _wait_for(files, 30)
-        output = nodes.stop(job)
-        assert not late, f"no error from {late}:\n{output}"
         named = re.compile(
             rf"have not reached collective #2: rank {missing} \((at collective #1|on no board)"
         )
+        late = _wait_for(files, 30, lambda path: named.search(path.read_text()))
+        output = nodes.stop(job)
+        assert not late, f"no error from {late}:\n{output}"
         for rank, path in zip(others, files):
             error = path.read_text()
             assert named.search(error), f"rank {rank}'s error: {error}"
+            assert "CollectiveTimeoutError" in error or not blocking, error
 
 
 # ---------------------------------------------------------------- where ranks are, and calls

@@ -50,6 +50,8 @@ class Waiter(Protocol):
     def progress_report(self) -> str: ...
     def check_peers(self, call: str) -> None: ...
     def post_waiting(self, pending: Pending) -> Any: ...
+    def peer_failure(self) -> tuple[type[CollectivesError], str] | None: ...
+    def declare_blocked(self, error: CollectivesError, told: str | None = None) -> None: ...
 
 
 class BackendContext:
@@ -144,6 +146,17 @@ class BackendContext:
     def timeout_error(self, pending: Pending, waited: float) -> CollectiveTimeoutError:
         """The error that says ``pending`` timed out after ``waited`` seconds."""
         return timeout_error(self.waiter, pending, waited)
+
+    def peer_failure(self) -> tuple[type[CollectivesError], str] | None:
+        """The class and text of another rank's failure notice, or None while none arrived
+        (asked from the watchdog's thread, under ``MPI_THREAD_MULTIPLE``)."""
+        return self.waiter.peer_failure()
+
+    def declare_blocked(self, error: CollectivesError, told: str | None = None) -> None:
+        """Declare the communicator failed with ``error`` while this rank is stuck in a
+        blocking MPI call (the watchdog's thread): the other ranks told (or ``told``, the
+        notice that told this one, passed on), ``error`` naming the missing ranks."""
+        self.waiter.declare_blocked(error, told)
 
 
 class Backend(Protocol):

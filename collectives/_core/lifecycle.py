@@ -268,6 +268,24 @@ class Lifecycle:
         the notice carries the class of ``error``, which they raise). After a timeout on
         several nodes, the error names the ranks that never arrived from every node's board
         (:meth:`_name_the_missing`)."""
+        self._declare(error, told)
+        raise error
+
+    def peer_failure(self) -> tuple[type[CollectivesError], str] | None:
+        """The class and text of another rank's failure notice, once one has arrived; None
+        while none has (or where there are no notices). The watchdog of blocking calls asks
+        from its own thread while this rank is inside a blocking MPI call."""
+        guard = self._books.checker
+        return None if guard is None or self._unusable is not None else guard.failure()
+
+    def declare_blocked(self, error: CollectivesError, told: str | None = None) -> None:
+        """What :meth:`_die` does, without raising, for a call stuck in a blocking MPI call
+        (the watchdog's thread calls it, then ends the job): the other ranks told, or the
+        notice that told this one (``told``) passed on with this node's view, and ``error``
+        naming the ranks that never arrived from every node's board."""
+        self._declare(error, told)
+
+    def _declare(self, error: CollectivesError, told: str | None) -> None:
         if self._unusable is None:
             self._unusable = error
             self._failed = True
@@ -293,7 +311,6 @@ class Lifecycle:
                 self._name_the_missing(error)
             self._dump_flight_record()
             self._impl.abort()
-        raise error
 
     def _name_the_missing(self, error: CollectivesError) -> None:
         """Add to ``error`` which ranks never arrived, from the boards of every node: this

@@ -1,11 +1,17 @@
 """Ends the job when a blocking MPI call outlasts its communicator's timeout.
 
 A blocking MPI call (any collective on a communicator whose backend is ``blocking``:
-``init(mpi_blocking=True)``) cannot be interrupted. :data:`WATCHDOG`, a daemon thread, reads
-each watched backend's ``blocked_since`` (the monotonic time its blocking call began, 0.0
-outside one) under the one deadline rule (:func:`collectives._core.deadline.overdue`): no cost per call. The
-error that a caller would have got is printed, the flight record dumped where asked, and the
-job aborted.
+``init(mpi_blocking=True)``, the default on Open MPI and Intel MPI) cannot be interrupted.
+:data:`WATCHDOG`, a daemon thread, reads each watched backend's ``blocked_since`` (the
+monotonic time its blocking call began, 0.0 outside one) under the one deadline rule
+(:func:`collectives._core.deadline.overdue`): no cost per call. When a call is overdue, or
+another rank's failure notice arrives while this one is stuck (looked for after
+:data:`LOOK_AFTER` seconds inside a call), the communicator is declared failed as a polled
+wait would (the other ranks told, the error naming the ranks that never arrived from every
+node's board; :mod:`collectives._safety.guard`), the error printed, the flight record dumped
+where asked, and the job aborted :data:`GRACE` seconds later, so that the other ranks told
+print theirs. Notices need ``MPI_THREAD_MULTIPLE`` (mpi4py's default); without it the error
+names what this node's board shows.
 
 Example:
     >>> from collectives._mpi.backend import MpiBackend
@@ -27,7 +33,13 @@ from mpi4py import MPI
 
 from .._core.deadline import overdue
 from .._core.work import Pending
+from .._errors import CollectivesError
 from .._safety.ending import abort_job
+
+#: seconds inside a blocking call before the watchdog looks for other ranks' failure notices
+LOOK_AFTER = 0.25
+#: seconds between this rank's error printed and the job aborted: the ranks told print theirs
+GRACE = 1.0
 
 
 class _Watchdog:
@@ -44,27 +56,49 @@ class _Watchdog:
             self._thread.start()
 
     def _run(self) -> None:
+        notices = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         while True:
             sleep(0.05)
             now = monotonic()
             for backend in list(self.backends):
                 since, context = backend.blocked_since, backend._context
-                if since and context is not None:
-                    waited = overdue(since, context.timeout, now)
-                    if waited is not None:
-                        self._end(context, since, waited)
+                if not since or context is None:
+                    continue
+                waited = overdue(since, context.timeout, now)
+                if waited is not None:
+                    self._end(context, since, waited, None, notices)
+                elif notices and now - since > LOOK_AFTER:
+                    told = context.peer_failure()
+                    if told is not None:
+                        self._end(context, since, now - since, told, notices)
 
     @staticmethod
-    def _end(context: Any, since: float, waited: float) -> None:
+    def _end(
+        context: Any,
+        since: float,
+        waited: float,
+        told: tuple[type[CollectivesError], str] | None,
+        notices: bool,
+    ) -> None:
         call = Pending()
         call.info, call.start = context.current(), since
-        error = context.timeout_error(call, waited)
-        context.dump_flight_record()
+        if told is None:
+            error: CollectivesError = context.timeout_error(call, waited)
+        else:
+            kind, text = told
+            error = kind(f"{call.call}: communicator is unusable: {text}")
+        if notices:
+            context.declare_blocked(error, None if told is None else told[1])
+        else:
+            context.dump_flight_record()
         sys.stderr.write(
-            f"[rank {MPI.COMM_WORLD.Get_rank()}] CollectiveTimeoutError: {error}\n"
+            f"[rank {MPI.COMM_WORLD.Get_rank()}] {type(error).__name__}: {error}\n"
             "A blocking MPI call cannot be interrupted (COLLECTIVES_MPI_BLOCKING=0 makes "
             "it non-blocking): aborting the job.\n"
         )
+        sys.stderr.flush()
+        if notices:
+            sleep(GRACE)
         abort_job(1)
 
 

@@ -7,8 +7,9 @@ more than half its timeout (nothing is done on the other calls, so that they cos
 
 - **All or nothing.** A rank that declares a communicator failed (a timeout, an MPI or NCCL
   error) sends a short notice over MPI to every other rank (on a private duplicate
-  communicator, so across nodes too), which each rank looks for with ``MPI_Iprobe`` at its
-  next verified call and in every wait that lasts (:meth:`Pending._waited`), and then raises
+  communicator, so across nodes too), which each rank looks for with ``MPI_Improbe`` at its
+  next verified call, in every wait that lasts (:meth:`Pending._waited`) and, in a blocking
+  MPI call, from the watchdog's thread (:mod:`collectives._mpi.watchdog`), and then raises
   the class of the first failure (the notice carries it: a timeout is a
   ``CollectiveTimeoutError`` on every rank, :mod:`._errors`), naming that failure and its
   rank. A notice also carries its sender's view of its node's progress board (each rank's
@@ -77,7 +78,7 @@ def scheduled(nth: int) -> bool:
 
 
 class FailureNotice:
-    """The first "I declared it failed" of any other rank, looked for with ``MPI_Iprobe``:
+    """The first "I declared it failed" of any other rank, looked for with ``MPI_Improbe``:
     the communicator's id, the name of the error's class (:func:`._errors.event_name`), a
     colon, the sender's view (``rank=number`` for each rank of its node, comma-separated), a
     colon, and the text. ``views`` gathers the views of every notice that arrived.
@@ -129,9 +130,10 @@ class FailureNotice:
         for _ in range(2):
             if self.mpi == MPI.COMM_NULL:
                 break
-            while self.mpi.Iprobe(MPI.ANY_SOURCE, _TAG, self._status):
+            # A matched probe: the watchdog of blocking calls may look from its own thread.
+            while (message := self.mpi.Improbe(MPI.ANY_SOURCE, _TAG)) is not None:
                 buffer = bytearray(_NOTICE_BYTES)
-                self.mpi.Recv([buffer, MPI.BYTE], self._status.Get_source(), _TAG)
+                message.Recv([buffer, MPI.BYTE])
                 if int.from_bytes(buffer[:8], "little") == self.id:  # else for a closed one
                     body = buffer[8:].rstrip(b"\0").decode(errors="replace")
                     kind, _, rest = body.partition(":")
@@ -144,8 +146,6 @@ class FailureNotice:
             if self.received is not None:
                 break
         return self.received
-
-    _status = MPI.Status()
 
     def close(self, failed: bool) -> None:
         """Free the communicator, unless a message may still come for it (``failed``, or a
