@@ -61,6 +61,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectives._launch.hosts import Host
+from collectives._launch.launcher import launch_command, write_machinefile
 from tests.spmd_launcher import REPO, launch_env, mpi_family, mpiexec
 
 SUBNET = "10.77.0"
@@ -235,22 +237,17 @@ class Nodes:
         if len(ranks) > len(self.names) or min(ranks, default=0) < 1:
             raise ValueError(f"ranks {list(ranks)} must give 1 or more to each of <= "
                              f"{len(self.names)} nodes")  # fmt: skip
+        # The wrapper's own builder (python -m collectives.run uses it): each family's hosts,
+        # remote shell and rank placement written in one place.
+        hosts = [Host(name, count) for name, count in zip(self.names, ranks)]
         family = mpi_family()
-        hostfile = self.shared / f"hostfile-{'-'.join(map(str, ranks))}"
-        total = str(sum(ranks))
-        if family == "openmpi":
-            hostfile.write_text("".join(f"{n} slots={r}\n" for n, r in zip(self.names, ranks)))
-            options = ["--hostfile", str(hostfile), "--map-by", "slot",
-                       "--mca", "plm_ssh_agent", str(self.ssh)]  # fmt: skip
-        else:
-            hostfile.write_text("".join(f"{n}:{r}\n" for n, r in zip(self.names, ranks)))
-            if family == "impi":
-                options = ["-bootstrap", "ssh", "-bootstrap-exec", str(self.ssh),
-                           "-machinefile", str(hostfile)]  # fmt: skip
-            else:
-                options = ["-launcher", "ssh", "-launcher-exec", str(self.ssh),
-                           "-f", str(hostfile)]  # fmt: skip
-        return [mpiexec(), *options, "-n", total, *argv]
+        machinefile = None
+        if family == "impi":
+            path = self.shared / f"hostfile-{'-'.join(map(str, ranks))}"
+            machinefile = write_machinefile(hosts, path)
+        return launch_command(
+            family, mpiexec(), hosts, argv, remote_shell=str(self.ssh), machinefile=machinefile
+        )
 
     def launch(
         self,
@@ -260,7 +257,8 @@ class Nodes:
         **popen_kwargs,
     ) -> subprocess.Popen:
         """The job started on ``node0``, output piped; see ``command``."""
-        job_env = launch_env({"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", **(env or {})})
+        extra = {"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", **(env or {})}
+        job_env = launch_env(extra, one_host=False)
         options = dict(
             cwd=REPO, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,

@@ -16,6 +16,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collectives._launch.launcher import find_launcher, launcher_environment
+from collectives._launch.launcher import mpi_family as launcher_family
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -27,41 +30,16 @@ def launcher_options() -> list[str]:
 
 def mpiexec() -> str:
     """The ``mpiexec`` beside this Python (the ``mpich`` wheel puts it there), else on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError("no mpiexec found: pip install mpich (or the test extra)")
-    return found
+    return find_launcher()
 
 
 def mpi_family(launcher: str | None = None) -> str:
     """``"mpich"``, ``"openmpi"`` or ``"impi"``: which MPI the launcher belongs to, read from
-    ``mpiexec --version`` (asking mpi4py would initialise MPI in this process)."""
+    ``mpiexec --version`` (as ``python -m collectives.run`` reads it)."""
     return _family(launcher or mpiexec())
 
 
-@functools.cache
-def _family(launcher: str) -> str:
-    version = subprocess.run(
-        [launcher, "--version"], capture_output=True, text=True, timeout=60,
-        env=_without_job_variables(os.environ),
-    ).stdout  # fmt: skip
-    if "Open MPI" in version or "OpenRTE" in version:
-        return "openmpi"
-    if "Intel(R) MPI" in version:
-        return "impi"
-    return "mpich"
-
-
-# Variables by which a launcher tells its ranks which job they belong to (Open MPI and PMIx,
-# Hydra and PMI, Intel MPI's). An mpiexec must not inherit them from a test runner started
-# inside a job or from an MPI singleton's environment, or it may take itself for part of that
-# job instead of starting its own. MCA parameters are settings, and are kept.
-_JOB_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_", "PMI_", "HYDRA_", "I_MPI_INFO_",
-                 "I_MPI_HYDRA_UUID", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")  # fmt: skip
-_SETTINGS = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_ALLOW_RUN_AS_ROOT")
+_family = functools.cache(launcher_family)
 
 # What each MPI needs to start a test job here: Open MPI refuses root (CI runs as root) and
 # more ranks than cores (the suite runs up to 4 ranks, on 2 cores in CI) unless told.
@@ -74,18 +52,24 @@ _NEEDS = {
 }
 
 
-def _without_job_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    return {
-        k: v for k, v in environ.items()
-        if not k.startswith(_JOB_PREFIXES) or k.startswith(_SETTINGS)
-    }  # fmt: skip
+# What a job on this one host is given besides: Open MPI's TCP transport looks over every
+# network interface at each process's start, and slept a second doing so in CI's container
+# (`strace`: clock_nanosleep of 1 s after its SIOCETHTOOL probes); on one host it needs the
+# loopback alone (the ranks talk through shared memory). Jobs across nodes keep every
+# interface.
+_ONE_HOST = {"openmpi": {"OMPI_MCA_btl_tcp_if_include": "lo"}}
 
 
-def launch_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def launch_env(extra: Mapping[str, str] | None = None, one_host: bool = True) -> dict[str, str]:
     """This process's environment, without another job's variables, plus what this MPI
-    needs to start here, plus ``extra``."""
-    env = _without_job_variables(os.environ)
-    env.update(_NEEDS.get(mpi_family(), {}))
+    needs to start here (on this one host, unless ``one_host`` is False), plus ``extra``."""
+    # Without another job's variables (those of a test runner started inside a job, or of
+    # this process, an MPI singleton once it imported collectives): settings are kept.
+    env = launcher_environment(os.environ)
+    family = mpi_family()
+    env.update(_NEEDS.get(family, {}))
+    if one_host:
+        env.update(_ONE_HOST.get(family, {}))
     env.update(extra or {})
     return env
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.mpi_independent  # the source's import graph: no MPI
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ddp", "pipeline")
 #: every package of the project, for the cycle check

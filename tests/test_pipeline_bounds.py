@@ -15,6 +15,8 @@ import pytest
 from pipeline import period, simulate
 from pipeline import schedules as S
 
+pytestmark = pytest.mark.mpi_independent  # schedules' arithmetic: no MPI
+
 GRID = [
     (p, m)
     for p in range(2, 9)

@@ -15,6 +15,8 @@ from pipeline.schedules import (
     zero_bubble_h2,
 )
 
+pytestmark = pytest.mark.mpi_independent  # schedules built and checked here: no MPI job
+
 CASES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
 
 

@@ -8,6 +8,8 @@ import collectives as col
 from pipeline import Schedule, from_trace, grid, period, schedules, simulate
 from pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble, zero_bubble_h2
 
+pytestmark = pytest.mark.mpi_independent  # schedules simulated in one process: no MPI job
+
 
 @pytest.mark.parametrize("make", [gpipe, one_f_one_b])
 def test_gpipe_and_1f1b_p4_m8(make):

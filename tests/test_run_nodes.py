@@ -38,7 +38,8 @@ def start_wrapper(nodes: Nodes, options: list[str], command: list[str]) -> subpr
     hosts), output piped (text)."""
     hosts = [] if "--hosts" in options else ["--hosts", ",".join(nodes.names)]
     forward = [] if mpi_family() != "openmpi" else ["--launcher-args", "-x PYTHONPATH"]
-    env = launch_env({"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "PYTHONPATH": str(REPO)})
+    extra = {"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "PYTHONPATH": str(REPO)}
+    env = launch_env(extra, one_host=False)
     return nodes.run(
         "node0",
         [sys.executable, "-m", "collectives.run", *hosts,

@@ -38,8 +38,11 @@ from .._safety.ending import abort_job
 
 #: seconds inside a blocking call before the watchdog looks for other ranks' failure notices
 LOOK_AFTER = 0.25
-#: seconds between this rank's error printed and the job aborted: the ranks told print theirs
-GRACE = 1.0
+#: seconds between this rank's error printed and the job aborted, so that the ranks told
+#: print theirs: a rank told begins its wait for the other nodes' views (up to
+#: ``VIEWS_WAIT``) when its watchdog reads the notice, later than the teller; 1 s was too
+#: short under Intel MPI on a loaded 2-core machine (2+1+2 nodes, one rank's error lost)
+GRACE = 2.0
 
 
 class _Watchdog:
