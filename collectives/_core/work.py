@@ -1,8 +1,9 @@
 """Handles for operations in flight: what a backend returns (a ``Pending``) and what
 ``async_op`` users hold (a ``Work``).
 
-A ``Work`` holds the backend's ``Pending`` and the communicator, whose ``_wait`` and
-``_synchronize`` finish it under the communicator's rules (the timeout, the failure of a peer).
+A ``Work`` holds the backend's ``Pending`` and the communicator's backend context
+(:class:`~collectives._core.backend.BackendContext`), whose ``complete`` finishes it under the
+communicator's rules (the timeout, the failure of a peer).
 
 Example:
     >>> work = comm.all_reduce(grad, async_op=True)
@@ -68,16 +69,8 @@ class Pending:
         """Run ``step`` once this call has completed (after its ``finish``): now if it has."""
         if self.done:
             step()
-        elif self.finish is None:
-            self.finish = step
         else:
-            first = self.finish
-
-            def both() -> None:
-                first()
-                step()
-
-            self.finish = both
+            self.finish = chain(self.finish, step)
 
     def test(self) -> bool:
         raise NotImplementedError
@@ -158,10 +151,10 @@ class Work:
         array([1., 1., 1., 1.], dtype=float32)
     """
 
-    __slots__ = ("_comm", "_pending", "_result")
+    __slots__ = ("_context", "_pending", "_result")
 
-    def __init__(self, comm: Any, pending: Pending | None, result: Any):
-        self._comm = comm
+    def __init__(self, context: Any, pending: Pending | None, result: Any):
+        self._context = context  # the communicator's BackendContext
         self._pending = pending
         self._result = result
 
@@ -170,7 +163,7 @@ class Work:
         done, under the timeout); the result."""
         pending = self._pending
         if pending is not None and not pending.done:
-            self._comm._wait(pending)
+            self._context.complete(pending, block=False)
         return self._result
 
     def synchronize(self) -> Any:
@@ -178,7 +171,7 @@ class Work:
         result."""
         pending = self._pending
         if pending is not None and not pending.done:
-            self._comm._synchronize(pending)
+            self._context.complete(pending)
         return self._result
 
     def is_completed(self) -> bool:
@@ -198,6 +191,26 @@ class Work:
         return self._result
 
 
+def chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    """One step that runs ``first``, then ``then`` (``then`` alone where there is no
+    ``first``): how finish steps add up.
+
+    Example:
+        >>> steps = []
+        >>> chain(lambda: steps.append("reduce"), lambda: steps.append("avg"))()
+        >>> steps
+        ['reduce', 'avg']
+    """
+    if first is None:
+        return then
+
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
 def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
     pending.state = "timed out"
     last = list(comm.recorder)[-5:]
@@ -210,4 +223,4 @@ def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeo
     )
 
 
-__all__ = ["Pending", "Work", "timeout_error"]
+__all__ = ["Pending", "Work", "chain", "timeout_error"]

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .._arrays import array_module, is_device_array, is_slot
 from .._core.backend import BackendContext, Verb
-from .._core.work import Pending
+from .._core.work import Pending, chain
 from .._errors import CollectivesError
 from .._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from .._ops import ReduceOp
@@ -65,17 +65,6 @@ def _encode(values: Any, out: Any, name: str) -> None:
 
 def _copy(out: Any, result: Any) -> None:
     out[...] = result
-
-
-def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
-    if first is None:
-        return then
-
-    def both() -> None:
-        first()
-        then()
-
-    return both
 
 
 #: elements one MPI call is given: counts are C ints where MPI has no large-count calls
@@ -316,7 +305,7 @@ class MpiBackend:
             [out, t],
             peer,
             EXCHANGE_TAG,
-            then=reduce if avg is None else _chain(reduce, avg),
+            then=reduce if avg is None else chain(reduce, avg),
         )
 
     def all_to_all(self, x: Any, out: Any, name: str) -> MpiPending:
