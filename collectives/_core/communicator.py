@@ -47,7 +47,7 @@ from .backend import Backend, BackendContext, Stager, Verb
 from .books import CallBooks
 from .grouping import Group, Groups
 from .lifecycle import Lifecycle
-from .work import Pending, Work
+from .work import MpiPending, Pending, Work
 
 RECORDER_LENGTH = 64
 #: the calls whose arguments differ by role (root or not)
@@ -103,9 +103,8 @@ class Communicator:
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
-        self.timeout = float(timeout)
         self._life = life = Lifecycle(
-            mpi_comm, self.rank, self.size, self.timeout, impl, books, board
+            mpi_comm, self.rank, self.size, float(timeout), impl, books, board
         )
         # What stages device arrays through the host (the MPI backend), or None.
         self._stager: Stager | None = impl.stager
@@ -124,7 +123,7 @@ class Communicator:
         self._check_mode = bool(check)
         if self.size > 1 or check:  # see _safety/guard.py: failure notices and scheduled checks
             books.checker = Guard(
-                self, self._check_mode, books, life.check_peers, life.fatal, board
+                self, self._check_mode, books, life.check_peers, life.fatal, MpiPending, board
             )
             books.quiet = self.timeout / 2
         _fork.watch(self)  # unusable in a forked child; told of at a rank's exit
@@ -134,6 +133,16 @@ class Communicator:
             f"Communicator(backend={self.backend!r}, rank={self.rank}, size={self.size}, "
             f"device={self.device}, calls={self.call_path!r})"
         )
+
+    @property
+    def timeout(self) -> float:
+        """Seconds after which a call that has not completed is declared hung. May be set
+        (the same on every rank): later waits, and the backend's watchdog, follow it."""
+        return self._life.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._life.timeout = seconds
 
     @property
     def call_path(self) -> str:
@@ -628,7 +637,7 @@ class Communicator:
         the books' steps around it; ``name``, ``op`` and ``root`` (the root or the peer) are
         what the books record and check mode compares."""
         if _get_ident() != self._life.admits:
-            self._life.refuse(call)
+            self._life.admit(call)
         try:
             if self._check_arrays is not None:
                 self._check_arrays(call, x, out)

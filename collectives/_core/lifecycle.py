@@ -63,7 +63,7 @@ class Lifecycle:
         owner: the thread that may issue calls (:meth:`hand_over`).
         admits: the ident of the thread whose calls go straight on: the owner's while the
             communicator is usable, else None. A call from any other thread takes
-            :meth:`refuse`, which raises or (the owner's first call, in a thread handed it
+            :meth:`admit`, which raises or (the owner's first call, in a thread handed it
             before it started) lets it in: one comparison per call.
     """
 
@@ -106,9 +106,10 @@ class Lifecycle:
         if self.unusable is None:
             self.admits = thread.ident  # None until it starts: its first call lets it in
 
-    def refuse(self, call: str) -> None:
-        """Raise ``CommunicatorStateError`` for a call from a thread that :attr:`admits` does
-        not let in: the communicator is closed or dead, or the thread does not own it."""
+    def admit(self, call: str) -> None:
+        """A call from a thread that :attr:`admits` does not let straight in: raise
+        ``CommunicatorStateError`` where the communicator is closed or dead, or the thread
+        does not own it; let in the owner's first call (a thread handed it before it started)."""
         self.ensure_usable(call)
         self.own(call)
 
