@@ -50,7 +50,7 @@ class Lifecycle:
 
     Args:
         mpi_comm: the communicator's MPI communicator (freed at its close).
-        rank, size, timeout: the communicator's.
+        rank, size, timeout: the communicator's (``comm.timeout`` reads and sets this one).
         impl: its backend (drained, closed or aborted here).
         books: its books (:mod:`collectives._core.books`): the guard of failure notices
             (``books.checker``), the collective numbers and the flight recorder.
