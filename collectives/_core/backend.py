@@ -71,8 +71,9 @@ class BackendContext:
     Example:
         >>> from collectives._mpi.backend import MpiBackend
         >>> backend = MpiBackend(comm.mpi_comm)
-        >>> context = BackendContext(comm, comm._books, comm._fatal, comm._mpi_error,
-        ...                          comm._dump_flight_record)   # as the Communicator does
+        >>> life = comm._life                # the communicator's Lifecycle
+        >>> context = BackendContext(comm, comm._books, life.fatal, life.mpi_error,
+        ...                          life.dump_flight_record)   # as the Communicator does
         >>> backend.attach(context)
         >>> pending = backend.all_reduce(x, x, "float32", ReduceOp.SUM)
         >>> context.wait(pending)            # pending.wait under the communicator's rules

@@ -8,7 +8,8 @@ Every call, on every backend, goes through ``Communicator._run``, which does thi
    among collectives, ``seq - p2p``, written to this rank's word on the progress board and,
    when due (:mod:`collectives._safety.guard`), verified by ``checker``;
 3. issue it on the backend, which gives a ``Pending``, and append that to ``recorder``;
-4. wait for it (unless ``async_op=True`` or inside a group), under the timeout;
+4. wait for it (unless ``async_op=True``, or inside a group: then it is held in ``held``),
+   under the timeout;
 5. :meth:`CallBooks.give` the token back.
 
 Example:
@@ -55,6 +56,8 @@ class CallBooks:
             ``next_check`` (a collective number) is due, or when more than ``quiet`` seconds
             passed since ``last_call`` (the monotonic time of the last collective).
         recorder: the flight recorder, the last calls' pendings.
+        held: the pendings of the calls that an open ``comm.group()`` holds until its end
+            (:mod:`collectives._core.grouping`), or None outside a group.
         owner: ``threading.get_ident()`` of the thread that owns the communicator (0: none
             known yet).
     """
@@ -69,6 +72,7 @@ class CallBooks:
         "last_call",
         "quiet",
         "recorder",
+        "held",
         "owner",
         "_slots",
         "_inside",
@@ -85,6 +89,7 @@ class CallBooks:
         self.last_call = monotonic()
         self.quiet = float("inf")
         self.recorder: deque = deque((), recorder_length)
+        self.held: list | None = None
         self.owner = 0
         self._slots = slots
         self._inside = inside

@@ -5,14 +5,18 @@ before any communication), then ``_run`` keeps the books (:mod:`collectives._cor
 backend's verb of the same name, bound to what it takes but its arrays (``verb(x, out)``,
 which the MPI backend's stager may run on host copies). That is the one path of every call,
 on every backend, synchronous or not: which MPI or NCCL call a rank makes never depends on
-the Python type of the arrays it passes. Ownership, closing and failure are in
-:mod:`collectives._core.lifecycle`, groups and the waits of held calls in :mod:`collectives._core.grouping`; the backend
-reaches the communicator only through the :class:`~collectives._core.backend.BackendContext` it
-is given.
+the Python type of the arrays it passes.
+
+A communicator holds the objects of its other concerns and hands its public words on to
+them: ``_life``, its :class:`~collectives._core.lifecycle.Lifecycle` (ownership, closing and
+failure), and ``_groups``, its :class:`~collectives._core.grouping.Groups` (``comm.group()``
+and the waits of held calls). The backend reaches the communicator only through the
+:class:`~collectives._core.backend.BackendContext` it is given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, NoReturn
 
@@ -22,10 +26,7 @@ from mpi4py import MPI
 from .. import _timeline
 from .._arrays import as_given, unwrap
 from .._dtypes import COMPLEX
-from .._errors import (
-    CollectivesError,
-    InvalidArgumentError,
-)
+from .._errors import CollectivesError, InvalidArgumentError
 from .._ops import BY_NAME, ReduceOp
 from .._safety import fork as _fork
 from .._safety.guard import Guard
@@ -44,9 +45,9 @@ from .args import (
 )
 from .backend import Backend, BackendContext, Stager, Verb
 from .books import CallBooks
-from .grouping import Grouping
-from .lifecycle import world_ranks
-from .work import Work
+from .grouping import Group, Groups
+from .lifecycle import Lifecycle
+from .work import MpiPending, Pending, Work
 
 RECORDER_LENGTH = 64
 #: the calls whose arguments differ by role (root or not)
@@ -57,7 +58,7 @@ _get_ident = threading.get_ident
 _COUNT = [0]  # communicators made in this process: names their timeline tracks
 
 
-class Communicator(Grouping):
+class Communicator:
     """A group of ranks that run collectives together. Made by :func:`collectives.init`.
 
     Example:
@@ -84,16 +85,14 @@ class Communicator(Grouping):
         self.mpi_comm = mpi_comm
         self.rank: int = mpi_comm.Get_rank()
         self.size: int = mpi_comm.Get_size()
-        self._world_ranks = world_ranks(mpi_comm, self.size)
-        self._progress: ProgressBoard | None = ProgressBoard(mpi_comm)
-        self.local_rank: int = self._progress.local_rank
-        self.local_size: int = len(self._progress.members)
+        board = ProgressBoard(mpi_comm)
+        self.local_rank: int = board.local_rank
+        self.local_size: int = len(board.members)
         # A waiting rank polls like MPI's own wait. When it shares its core with another rank
         # (_safety/progress.py, shares_a_core), the rank it waits for may need this core: then yield it
         # (every YIELD_EVERY tests) from the first test, not after 10 ms of polling.
         #: seconds a waiting rank polls before it yields its core between polls
-        self.yield_after = 0.0 if self._progress.shares_a_core else 1e-2
-        board = self._progress
+        self.yield_after = 0.0 if board.shares_a_core else 1e-2
         self._books = books = CallBooks(  # this rank's number and inside words, by index
             board.words,
             board.first_word(self.local_rank),
@@ -104,21 +103,16 @@ class Communicator(Grouping):
         self.backend: str = backend
         self.device: int | None = device
         self.stream = stream
-        self.timeout = float(timeout)
-        self._group: list | None = None
-        # One owner thread: a call from any other thread is refused on every rank alike (a
-        # refusal decided by which thread got there first would differ between ranks, and
-        # match one thread's call with another's).
-        self._owner_thread = threading.current_thread()
-        self._owner: int | None = self._owner_thread.ident
-        self._unusable: CollectivesError | None = None
-        self._failed = False  # declared failed, here or by another rank
+        self._life = life = Lifecycle(
+            mpi_comm, self.rank, self.size, float(timeout), impl, books, board
+        )
         # What stages device arrays through the host (the MPI backend), or None.
         self._stager: Stager | None = impl.stager
         self._check_arrays = impl.check_arrays if impl.checks_arrays else None
         self._context = BackendContext(
-            self, books, self._fatal, self._mpi_error, self._dump_flight_record
+            self, books, life.fatal, life.mpi_error, life.dump_flight_record
         )
+        self._groups = Groups(life, impl, books, self._context)
         impl.attach(self._context)
         self._track = 0
         if _timeline.TIMELINE is not None:
@@ -129,7 +123,7 @@ class Communicator(Grouping):
         self._check_mode = bool(check)
         if self.size > 1 or check:  # see _safety/guard.py: failure notices and scheduled checks
             books.checker = Guard(
-                self, self._check_mode, books, self.check_peers, self._fatal, self._progress
+                self, self._check_mode, books, life.check_peers, life.fatal, MpiPending, board
             )
             books.quiet = self.timeout / 2
         _fork.watch(self)  # unusable in a forked child; told of at a rank's exit
@@ -139,6 +133,16 @@ class Communicator(Grouping):
             f"Communicator(backend={self.backend!r}, rank={self.rank}, size={self.size}, "
             f"device={self.device}, calls={self.call_path!r})"
         )
+
+    @property
+    def timeout(self) -> float:
+        """Seconds after which a call that has not completed is declared hung. May be set
+        (the same on every rank): later waits, and the backend's watchdog, follow it."""
+        return self._life.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._life.timeout = seconds
 
     @property
     def call_path(self) -> str:
@@ -387,7 +391,7 @@ class Communicator(Grouping):
         x, name = unwrap(x, "sendrecv")
         source = peer if source is None else source
         peer, source = check_sendrecv_peers(
-            peer, source, self.rank, self.size, self._group is not None
+            peer, source, self.rank, self.size, self._books.held is not None
         )
         out = self._new(x, x.shape) if out is None else self._out("sendrecv", out, x, name, x.shape)
         if out is x:
@@ -415,8 +419,8 @@ class Communicator(Grouping):
 
         Every rank must call it. Ranks are ordered by ``key`` (default: current rank).
         """
-        self.ensure_usable("split")
-        self._own("split")
+        self._life.ensure_usable("split")
+        self._life.own("split")
         color, key = check_split(color, key)
         key = self.rank if key is None else key
         self.arrive("split")
@@ -458,6 +462,163 @@ class Communicator(Grouping):
         """
         return self._impl.xp
 
+    def group(self) -> Group:
+        """Batch the calls inside into one launch; they complete when the block ends.
+
+        Example (a ring exchange that cannot deadlock):
+            >>> with comm.group():
+            ...     comm.send(x, (comm.rank + 1) % comm.size)
+            ...     y = comm.recv(np.empty_like(x), (comm.rank - 1) % comm.size)
+            >>> y                  # the previous rank's x (at one rank: its own)
+            array([0., 1., 2., 3.], dtype=float32)
+        """
+        return Group(self._groups, self)
+
+    # ------------------------------------------- ownership, closing, failure (self._life)
+
+    def hand_over(self, thread: threading.Thread) -> None:
+        """Make ``thread`` the only one that may issue calls on this communicator from now on.
+
+        A communicator belongs to the thread that made it; a call from any other thread raises
+        ``CommunicatorStateError`` (on every rank alike, before any communication). Only the
+        owner may hand it over, between calls (async work it issued may still be waited on from
+        any thread); every rank should hand it over at the same point of its program. Local:
+        nothing is communicated.
+
+        On NCCL the thread must make the communicator's GPU current before it makes arrays
+        (CUDA's current device is per thread): :meth:`device_scope`.
+
+        Example:
+            >>> def train(comm):
+            ...     with comm.device_scope():
+            ...         comm.all_reduce(comm.xp.ones(4))
+            >>> comm = col.init()
+            >>> worker = threading.Thread(target=train, args=(comm,))
+            >>> comm.hand_over(worker)     # before worker.start() is fine
+            >>> comm.barrier()             # this thread's calls are refused from now on
+            Traceback (most recent call last):
+            collectives._errors.CommunicatorStateError: barrier: called from thread 'MainThread', but the communicator belongs to thread 'Thread-...' ...
+            >>> worker.start()             # train starts with `with comm.device_scope():`
+            >>> worker.join(); comm.close()
+        """
+        self._life.hand_over(thread)
+
+    @property
+    def owner(self) -> threading.Thread:
+        """The thread that may issue calls on this communicator (see :meth:`hand_over`)."""
+        return self._life.owner
+
+    def device_scope(self) -> contextlib.AbstractContextManager:
+        """Make the communicator's GPU the calling thread's current device for a with-block.
+
+        CUDA's current device is per host thread and starts at 0 in every new thread, and
+        CuPy allocates there: a thread handed a communicator on device 1 must make it current
+        before it makes arrays, or its calls are refused ("x is on device 0, expected device
+        1"). On the MPI backend (no device) it does nothing.
+
+        Example:
+            >>> def train(comm):
+            ...     with comm.device_scope():   # first thing in the thread
+            ...         x = comm.xp.ones(4)
+            ...         comm.all_reduce(x)
+            >>> comm = col.init()
+            >>> worker = threading.Thread(target=train, args=(comm,))
+            >>> comm.hand_over(worker)
+            >>> worker.start()
+            >>> worker.join(); comm.close()
+        """
+        if self.device is None:
+            return contextlib.nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(self.device)
+
+    def close(self) -> None:
+        """Free the communicator, once the calls in flight have finished (waiting at most the
+        timeout for them). Idempotent; every rank should call it."""
+        self._life.close()
+
+    def abort(self) -> None:
+        """Tear the communicator down without waiting for operations in flight."""
+        self._life.abort()
+
+    @property
+    def closed(self) -> bool:
+        return self._life.unusable is not None
+
+    def ensure_usable(self, call: str) -> None:
+        """Raise ``CommunicatorStateError`` naming ``call`` if the communicator is closed or
+        dead (local: nothing is communicated)."""
+        self._life.ensure_usable(call)
+
+    def arrive(self, call: str) -> None:
+        """Before blocking MPI steps that every rank takes (making communicators): return
+        once all ranks have arrived, or raise ``CollectiveTimeoutError`` naming those that did
+        not, the communicator dead (:mod:`collectives._safety.handshake`). Every rank calls it.
+
+        Example:
+            >>> comm.arrive("hierarchical")     # then split: no rank blocks in MPI for ever
+        """
+        self._life.arrive(call)
+
+    def flight_record(self) -> list[dict]:
+        """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
+        return self._life.flight_record()
+
+    def mpi_comm_world_ranks(self) -> list[int]:
+        """The ``MPI.COMM_WORLD`` ranks of this communicator's members, in rank order.
+        Computed at creation: a watchdog thread reads it, and MPI may be called from
+        other threads only under ``MPI_THREAD_MULTIPLE``."""
+        return list(self._life.world_ranks)
+
+    # What the waits read (the Waiter protocol of collectives._core.backend), the safety
+    # hooks call (collectives._safety: exit, fork) and the watchdog of blocking calls asks.
+
+    def check_peers(self, call: str) -> None:
+        """If another rank declared the communicator failed (:mod:`collectives._safety.guard`), raise the class
+        of its error, naming it (``CollectiveTimeoutError`` for a timeout: one class per
+        event, :mod:`._errors`), the communicator dead; a wait that lasts calls it."""
+        self._life.check_peers(call)
+
+    def peer_failure(self) -> tuple[type[CollectivesError], str] | None:
+        """The class and text of another rank's failure notice, once one has arrived; None
+        while none has (or where there are no notices). The watchdog of blocking calls asks
+        from its own thread while this rank is inside a blocking MPI call."""
+        return self._life.peer_failure()
+
+    def declare_blocked(self, error: CollectivesError, told: str | None = None) -> None:
+        """Declare the communicator failed, without raising, for a call stuck in a blocking
+        MPI call (the watchdog's thread calls it, then ends the job): the other ranks told, or
+        the notice that told this one (``told``) passed on with this node's view, and
+        ``error`` naming the ranks that never arrived from every node's board."""
+        self._life.declare(error, told)
+
+    def post_waiting(self, pending: Pending) -> Any:
+        """Say on the progress board which call this rank waits in (a wait that lasts calls
+        it); the board, or None."""
+        return self._life.post_waiting(pending)
+
+    def progress_report(self) -> str:
+        """Which ranks have not reached this rank's latest call (those on this node)."""
+        return self._life.progress_report()
+
+    def forked(self, parent: int) -> None:
+        """In a child forked from process ``parent`` (:mod:`collectives._safety.fork`): unusable from now on,
+        and closing it does nothing; no MPI call is made (MPI is the parent's)."""
+        self._life.forked(parent)
+
+    def leaving(self, how: str) -> None:
+        """At exit, while other ranks have not all reached it (:mod:`collectives._safety.exit`): tell them that
+        this rank left; their waits on this communicator then raise
+        ``CommunicatorStateError`` naming it (a rank gone is the communicator's state).
+        Local: one small message to each rank."""
+        self._life.leaving(how)
+
+    def stuck_past(self) -> str | None:
+        """A rank of this node inside a blocking call for a collective that this rank, which
+        is leaving, never made: it can neither complete nor see a notice (:mod:`collectives._safety.exit`)."""
+        return self._life.stuck_past()
+
     # ---------------------------------------------------------------- internals
 
     def _run(
@@ -475,10 +636,8 @@ class Communicator(Grouping):
         """Run ``verb(x, out)`` (the backend's verb, bound to the rest of its arguments) with
         the books' steps around it; ``name``, ``op`` and ``root`` (the root or the peer) are
         what the books record and check mode compares."""
-        if self._unusable is not None:
-            raise self._unusable_error(call)
-        if _get_ident() != self._owner:
-            self._own(call)
+        if _get_ident() != self._life.admits:
+            self._life.admit(call)
         try:
             if self._check_arrays is not None:
                 self._check_arrays(call, x, out)
@@ -504,18 +663,19 @@ class Communicator(Grouping):
                 if pending.done and _timeline.TIMELINE is not None:  # completed when made
                     _timeline.TIMELINE.pending(pending, self._track)
             self.recorder.append(pending)
-            if self._group is not None:
-                self._group.append(pending)
+            held = books.held
+            if held is not None:
+                held.append(pending)
             elif not async_op:
                 if not pending.done:
                     pending.wait(self)
                 return result
-            return Work(self, pending, result) if async_op else result
+            return Work(self._context, pending, result) if async_op else result
         except CollectivesError as e:
-            self._fatal(e)
+            self._life.fatal(e)
             raise
         except MPI.Exception as e:
-            self._mpi_error(call, e)
+            self._life.mpi_error(call, e)
         finally:
             books.busy = False
 
@@ -545,15 +705,15 @@ class Communicator(Grouping):
         goes on: the communicator fails on every rank, as after a timeout (this rank raises
         ``error``; the others the same class naming it at their current wait or next call).
         Local only in a world of one, or on another thread (refused alike)."""
-        if self._unusable is None and self.size > 1 and _get_ident() == self._owner:
-            self._die(error)
+        if self.size > 1 and _get_ident() == self._life.admits:  # usable, and its owner's
+            self._life.die(error)
         raise error
 
     def _root(self, call: str, root: Any) -> int:
         return check_root(call, root, self.size)
 
     def _peer(self, call: str, peer: Any) -> int:
-        return check_peer(call, peer, self.rank, self.size, self._group is not None)
+        return check_peer(call, peer, self.rank, self.size, self._books.held is not None)
 
     def _leading(self, call: str, x: Any) -> None:
         check_leading(call, x, self.size)

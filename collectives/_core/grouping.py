@@ -1,78 +1,74 @@
-"""``comm.group()`` and the waits of held calls (a base of ``Communicator``).
+"""``comm.group()``: the calls of a block held, and waited for at its end.
 
-Inside a group every call is held as the backend's pending; the block's end waits for them
-in order (every call was posted when made: the order of the waits cannot deadlock). A nested
-block joins the outer one.
+Inside a group every call is held as the backend's pending (in ``books.held``, where
+``Communicator._run`` puts it instead of waiting); the block's end waits for them in order
+(every call was posted when made: the order of the waits cannot deadlock). A nested block
+joins the outer one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .backend import BackendContext
+from .backend import Backend, BackendContext
+from .books import CallBooks
 from .lifecycle import Lifecycle
-from .work import Pending
 
 
-class Grouping(Lifecycle):
-    """Groups and waits: what ``Communicator.group()``, a ``Work`` and a group's end call."""
+class Groups:
+    """The groups of one communicator: what a ``with comm.group():`` block opens and ends.
 
-    _group: list | None
-    _context: BackendContext
+    ``life`` says whether the communicator may be used and by which thread; ``impl`` is its
+    backend, ``books`` its books (whose ``held`` lists the calls of the open group), and
+    ``context`` what the held calls are waited with.
+    """
 
-    def group(self) -> _Group:
-        """Batch the calls inside into one launch; they complete when the block ends.
+    __slots__ = ("_life", "_impl", "_books", "_context")
 
-        Example (a ring exchange that cannot deadlock):
-            >>> with comm.group():
-            ...     comm.send(x, (comm.rank + 1) % comm.size)
-            ...     y = comm.recv(np.empty_like(x), (comm.rank - 1) % comm.size)
-            >>> y                  # the previous rank's x (at one rank: its own)
-            array([0., 1., 2., 3.], dtype=float32)
-        """
-        return _Group(self)
+    def __init__(self, life: Lifecycle, impl: Backend, books: CallBooks, context: BackendContext):
+        self._life = life
+        self._impl = impl
+        self._books = books
+        self._context = context
 
-    def _open_group(self) -> None:
-        self.ensure_usable("group")
-        self._own("group")
+    def open(self) -> bool:
+        """Open a group, unless one is open (a nested block joins it): whether this opened it."""
+        if self._books.held is not None:
+            return False
+        self._life.ensure_usable("group")
+        self._life.own("group")
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
-        self._group = []
+        self._books.held = []
+        return True
 
-    def _close_group(self, failed: bool) -> None:
-        pendings, self._group = self._group or [], None
+    def close(self, failed: bool) -> None:
+        """End the open group: launch its calls, then (unless the block ``failed``) wait for
+        each, under the communicator's rules."""
+        books = self._books
+        pendings, books.held = books.held or [], None
         self._impl.group_end(pendings)
         if not failed:
             for pending in pendings:
-                self._wait(pending)
-
-    # What a Work's wait() and synchronize() call (and a group's end): the backend context's
-    # one wait that may fail.
-    def _wait(self, pending: Pending) -> None:
-        self._context.complete(pending, block=False)
-
-    def _synchronize(self, pending: Pending) -> None:
-        self._context.complete(pending)
+                self._context.complete(pending, block=False)
 
 
-class _Group:
+class Group:
     """``comm.group()``: the block's calls are held until it ends (a nested block joins the
     outer one); a class rather than a generator, for the calls of small messages."""
 
-    __slots__ = ("_comm", "_outer")
+    __slots__ = ("_groups", "_comm", "_outer")
 
-    def __init__(self, comm: Grouping):
+    def __init__(self, groups: Groups, comm: Any):
+        self._groups = groups
         self._comm = comm
         self._outer = False
 
     def __enter__(self) -> Any:
-        comm = self._comm
-        if comm._group is None:
-            comm._open_group()
-            self._outer = True
-        return comm
+        self._outer = self._groups.open()
+        return self._comm
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         if self._outer:
             self._outer = False
-            self._comm._close_group(failed=kind is not None)
+            self._groups.close(failed=kind is not None)

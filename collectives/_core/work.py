@@ -1,8 +1,10 @@
-"""Handles for operations in flight: what a backend returns (a ``Pending``) and what
-``async_op`` users hold (a ``Work``).
+"""Handles for operations in flight: what a backend returns (a ``Pending``; an
+``MpiPending`` for one MPI request, which the MPI backend's calls and check mode's
+comparisons wait on, on every backend) and what ``async_op`` users hold (a ``Work``).
 
-A ``Work`` holds the backend's ``Pending`` and the communicator, whose ``_wait`` and
-``_synchronize`` finish it under the communicator's rules (the timeout, the failure of a peer).
+A ``Work`` holds the backend's ``Pending`` and the communicator's backend context
+(:class:`~collectives._core.backend.BackendContext`), whose ``complete`` finishes it under the
+communicator's rules (the timeout, the failure of a peer).
 
 Example:
     >>> work = comm.all_reduce(grad, async_op=True)
@@ -17,6 +19,8 @@ import math
 import os
 import time
 from typing import Any, Callable
+
+from mpi4py import MPI
 
 from .. import _timeline
 from .._dtypes import STORAGE
@@ -68,16 +72,8 @@ class Pending:
         """Run ``step`` once this call has completed (after its ``finish``): now if it has."""
         if self.done:
             step()
-        elif self.finish is None:
-            self.finish = step
         else:
-            first = self.finish
-
-            def both() -> None:
-                first()
-                step()
-
-            self.finish = both
+            self.finish = chain(self.finish, step)
 
     def test(self) -> bool:
         raise NotImplementedError
@@ -148,6 +144,83 @@ class Pending:
         }
 
 
+#: tests between two yields of the core: a rank that shares its core
+#: gives it up after every 8 tests, not after each one: 4 ranks on 2 cores waited 1.4x to
+#: 2.2x as long yielding after each test (every MPI; some calls need a few tests in a row
+#: to progress), and Intel MPI's ranks yielding after each test took twice as long as its
+#: MPI_Wait (benchmarks/results/cpu-2core-2026-11-25-sendrecv/)
+YIELD_EVERY = 8
+
+
+class MpiPending(Pending):
+    """One non-blocking MPI request; waiting polls it against the communicator's deadline.
+
+    mpi4py requests do not keep their buffers alive, so the pending owns ``arrays``: the
+    arguments handed to MPI, widened and staged copies included. While it is incomplete it
+    also sits in its backend's ``in_flight``, so that a dropped ``Work`` cannot free them either.
+    """
+
+    request: MPI.Request = MPI.REQUEST_NULL
+    in_flight: set | None = None
+    finish: Callable[[], None] | None = None
+
+    def __init__(
+        self,
+        request: MPI.Request,
+        arrays: Any = None,
+        in_flight: set | None = None,
+        finish: Callable[[], None] | None = None,
+    ):
+        self.request = request
+        self.arrays = arrays
+        self.in_flight = in_flight
+        self.finish = finish
+        self.done = False
+        self.start = time.monotonic()
+        if in_flight is not None:
+            in_flight.add(self)
+
+    @classmethod
+    def complete(cls) -> MpiPending:
+        """A call that completed where it was made (a small call done at its first test, or
+        a blocking one): nothing to hold, nothing in flight, its ``finish`` already run."""
+        pending = cls.__new__(cls)
+        pending.done = True
+        pending.state = "completed"
+        pending.start = pending.end = time.monotonic()
+        return pending
+
+    def test(self) -> bool:
+        if not self.done and self.request.Test():
+            self._complete()
+        return self.done
+
+    def synchronize(self, comm: Any) -> None:
+        if self.done:
+            return
+        test = self.request.Test
+        if test():  # a small call, most often: done at the first test
+            self._complete()
+            return
+        # a rank that shares its core (yield_after 0) looks at the clock after its first test
+        polls = 255 if comm.yield_after == 0 else 0
+        yielding = False
+        while not test():  # busy, as MPI's own blocking wait polls, then yielding the core
+            polls += 1
+            if polls & 255 == 0:
+                yielding = self._waited(comm)
+            elif yielding and polls % YIELD_EVERY == 0:
+                os.sched_yield()
+        self._complete()
+
+    wait = synchronize  # MPI has no stream to order: waiting is blocking
+
+    def _complete(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight.discard(self)
+        super()._complete()
+
+
 class Work:
     """The result of a call made with ``async_op=True``.
 
@@ -158,10 +231,10 @@ class Work:
         array([1., 1., 1., 1.], dtype=float32)
     """
 
-    __slots__ = ("_comm", "_pending", "_result")
+    __slots__ = ("_context", "_pending", "_result")
 
-    def __init__(self, comm: Any, pending: Pending | None, result: Any):
-        self._comm = comm
+    def __init__(self, context: Any, pending: Pending | None, result: Any):
+        self._context = context  # the communicator's BackendContext
         self._pending = pending
         self._result = result
 
@@ -170,7 +243,7 @@ class Work:
         done, under the timeout); the result."""
         pending = self._pending
         if pending is not None and not pending.done:
-            self._comm._wait(pending)
+            self._context.complete(pending, block=False)
         return self._result
 
     def synchronize(self) -> Any:
@@ -178,7 +251,7 @@ class Work:
         result."""
         pending = self._pending
         if pending is not None and not pending.done:
-            self._comm._synchronize(pending)
+            self._context.complete(pending)
         return self._result
 
     def is_completed(self) -> bool:
@@ -198,6 +271,26 @@ class Work:
         return self._result
 
 
+def chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    """One step that runs ``first``, then ``then`` (``then`` alone where there is no
+    ``first``): how finish steps add up.
+
+    Example:
+        >>> steps = []
+        >>> chain(lambda: steps.append("reduce"), lambda: steps.append("avg"))()
+        >>> steps
+        ['reduce', 'avg']
+    """
+    if first is None:
+        return then
+
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
 def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
     pending.state = "timed out"
     last = list(comm.recorder)[-5:]
@@ -210,4 +303,4 @@ def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeo
     )
 
 
-__all__ = ["Pending", "Work", "timeout_error"]
+__all__ = ["MpiPending", "Pending", "Work", "chain", "timeout_error"]

@@ -8,8 +8,8 @@ Which MPI call a verb makes (blocking or not, in parts above 2**31 - 1 elements,
 reduce_scatter as one exchange...) depends only on what every rank agrees on: the verb, the
 dtype, the count, the op, the root, the communicator's settings and the MPI library; never on
 the Python type of the arrays a rank passes, nor on ``async_op``, as MPI matches no blocking
-call with a non-blocking one. The tables and the pending it stands on are in
-:mod:`collectives._mpi.tables`.
+call with a non-blocking one. The tables it stands on are in :mod:`collectives._mpi.tables`;
+a call in flight is a :class:`collectives._core.work.MpiPending`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .._arrays import array_module, is_device_array, is_slot
 from .._core.backend import BackendContext, Verb
-from .._core.work import Pending
+from .._core.work import MpiPending, Pending, chain
 from .._errors import CollectivesError
 from .._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from .._ops import ReduceOp
@@ -39,7 +39,6 @@ from .tables import (  # noqa: F401  (the backend's names, imported from here)
     MPI_TYPE,
     SLOWER_NON_BLOCKING,
     UPCAST,
-    MpiPending,
     abandon,
     blocking_by_default,
     library_path,
@@ -65,17 +64,6 @@ def _encode(values: Any, out: Any, name: str) -> None:
 
 def _copy(out: Any, result: Any) -> None:
     out[...] = result
-
-
-def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
-    if first is None:
-        return then
-
-    def both() -> None:
-        first()
-        then()
-
-    return both
 
 
 #: elements one MPI call is given: counts are C ints where MPI has no large-count calls
@@ -316,7 +304,7 @@ class MpiBackend:
             [out, t],
             peer,
             EXCHANGE_TAG,
-            then=reduce if avg is None else _chain(reduce, avg),
+            then=reduce if avg is None else chain(reduce, avg),
         )
 
     def all_to_all(self, x: Any, out: Any, name: str) -> MpiPending:

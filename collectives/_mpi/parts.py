@@ -13,15 +13,30 @@ one call that completes once every part has.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 from mpi4py import MPI
 
+from .._core.work import MpiPending
 from .._ops import ReduceOp
 from .tables import MPI_TYPE
 
-if TYPE_CHECKING:
-    from .backend import MpiBackend, MpiPending
+
+class MpiBackendLike(Protocol):
+    """What these functions use of the MPI backend (:class:`collectives._mpi.backend.MpiBackend`)."""
+
+    rank: int
+    size: int
+
+    def broadcast(self, x: Any, name: str, root: int) -> MpiPending: ...
+    def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending: ...
+    def _post(
+        self,
+        start: Callable[..., MPI.Request],
+        *args: Any,
+        then: Callable[[], None] | None = None,
+    ) -> MpiPending: ...
+
 
 #: the tag of the messages these calls are made of: apart from send/recv's, so that a user's
 #: message never matches a part of a collective
@@ -34,17 +49,17 @@ def runs(array: Any, limit: int) -> list[Any]:
     return [flat[start : start + limit] for start in range(0, flat.size, limit)]
 
 
-def sends(b: MpiBackend, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
+def sends(b: MpiBackendLike, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
     t = MPI_TYPE[name]
     return [b._post(MPI.Comm.Isend, [run, t], peer, tag) for run in runs(array, limit)]
 
 
-def recvs(b: MpiBackend, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
+def recvs(b: MpiBackendLike, array: Any, name: str, peer: int, tag: int, limit: int) -> list:
     t = MPI_TYPE[name]
     return [b._post(MPI.Comm.Irecv, [run, t], peer, tag) for run in runs(array, limit)]
 
 
-def all_gather(b: MpiBackend, x: Any, out: Any, name: str, in_place: bool) -> list[MpiPending]:
+def all_gather(b: MpiBackendLike, x: Any, out: Any, name: str, in_place: bool) -> list[MpiPending]:
     slots = out.reshape(b.size, -1)
     if not in_place:
         slots[b.rank][...] = x.reshape(-1)
@@ -52,7 +67,9 @@ def all_gather(b: MpiBackend, x: Any, out: Any, name: str, in_place: bool) -> li
     return [b.broadcast(slots[r], name, r) for r in range(b.size)]
 
 
-def reduce_scatter(b: MpiBackend, x: Any, out: Any, name: str, op: ReduceOp) -> list[MpiPending]:
+def reduce_scatter(
+    b: MpiBackendLike, x: Any, out: Any, name: str, op: ReduceOp
+) -> list[MpiPending]:
     blocks = x.reshape(b.size, -1)
     flat_out = out.reshape(-1)
     return [
@@ -61,7 +78,7 @@ def reduce_scatter(b: MpiBackend, x: Any, out: Any, name: str, op: ReduceOp) -> 
 
 
 def gather(
-    b: MpiBackend, x: Any, out: Any, name: str, root: int, in_place: bool, limit: int
+    b: MpiBackendLike, x: Any, out: Any, name: str, root: int, in_place: bool, limit: int
 ) -> list[MpiPending]:
     if b.rank != root:
         return sends(b, x, name, root, PARTS_TAG, limit)
@@ -74,7 +91,7 @@ def gather(
 
 
 def scatter(
-    b: MpiBackend, x: Any, out: Any, name: str, root: int, in_place: bool, limit: int
+    b: MpiBackendLike, x: Any, out: Any, name: str, root: int, in_place: bool, limit: int
 ) -> list[MpiPending]:
     if b.rank != root:
         return recvs(b, out, name, root, PARTS_TAG, limit)
@@ -89,7 +106,7 @@ def scatter(
     ]
 
 
-def all_to_all(b: MpiBackend, x: Any, out: Any, name: str, limit: int) -> list[MpiPending]:
+def all_to_all(b: MpiBackendLike, x: Any, out: Any, name: str, limit: int) -> list[MpiPending]:
     # In place, the blocks sent are a copy: the ones received overwrite x as they arrive.
     blocks_x = x.reshape(b.size, -1)
     if out is x:

@@ -1,6 +1,6 @@
 """What the MPI backend (:mod:`collectives._mpi.backend`) stands on: the datatype and op tables, what this MPI
-library can do, and :class:`MpiPending`, one request in flight. Check mode (:mod:`collectives._safety.check`)
-uses them too, below the backend.
+library can do, and the calls a closed communicator left in flight (:func:`abandon`). A call's
+request in flight is a :class:`collectives._core.work.MpiPending`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,11 @@ import ctypes
 import os
 import re
 import threading
-import time
-from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from .._core.work import Pending
+from .._core.work import MpiPending
 from .._ops import ReduceOp
 from . import minmax as _minmax
 
@@ -24,12 +22,6 @@ _TAG = 7071
 #: the tag of a two-rank reduce_scatter's exchange (``MpiBackend._exchange``): apart from
 #: send/recv's, so that it never matches a user's message in flight
 EXCHANGE_TAG = 7073
-#: tests between two yields of the core: a rank that shares its core
-#: gives it up after every 8 tests, not after each one: 4 ranks on 2 cores waited 1.4x to
-#: 2.2x as long yielding after each test (every MPI; some calls need a few tests in a row
-#: to progress), and Intel MPI's ranks yielding after each test took twice as long as its
-#: MPI_Wait (benchmarks/results/cpu-2core-2026-11-25-sendrecv/)
-YIELD_EVERY = 8
 
 
 def _mpi_type(name: str) -> MPI.Datatype:
@@ -143,75 +135,6 @@ def library_path() -> str | None:
     except OSError:
         pass
     return None
-
-
-class MpiPending(Pending):
-    """One non-blocking MPI request; waiting polls it against the communicator's deadline.
-
-    mpi4py requests do not keep their buffers alive, so the pending owns ``arrays``: the
-    arguments handed to MPI, widened and staged copies included. While it is incomplete it
-    also sits in its backend's ``in_flight``, so that a dropped ``Work`` cannot free them either.
-    """
-
-    request: MPI.Request = MPI.REQUEST_NULL
-    in_flight: set | None = None
-    finish: Callable[[], None] | None = None
-
-    def __init__(
-        self,
-        request: MPI.Request,
-        arrays: Any = None,
-        in_flight: set | None = None,
-        finish: Callable[[], None] | None = None,
-    ):
-        self.request = request
-        self.arrays = arrays
-        self.in_flight = in_flight
-        self.finish = finish
-        self.done = False
-        self.start = time.monotonic()
-        if in_flight is not None:
-            in_flight.add(self)
-
-    @classmethod
-    def complete(cls) -> MpiPending:
-        """A call that completed where it was made (a small call done at its first test, or
-        a blocking one): nothing to hold, nothing in flight, its ``finish`` already run."""
-        pending = cls.__new__(cls)
-        pending.done = True
-        pending.state = "completed"
-        pending.start = pending.end = time.monotonic()
-        return pending
-
-    def test(self) -> bool:
-        if not self.done and self.request.Test():
-            self._complete()
-        return self.done
-
-    def synchronize(self, comm: Any) -> None:
-        if self.done:
-            return
-        test = self.request.Test
-        if test():  # a small call, most often: done at the first test
-            self._complete()
-            return
-        # a rank that shares its core (yield_after 0) looks at the clock after its first test
-        polls = 255 if comm.yield_after == 0 else 0
-        yielding = False
-        while not test():  # busy, as MPI's own blocking wait polls, then yielding the core
-            polls += 1
-            if polls & 255 == 0:
-                yielding = self._waited(comm)
-            elif yielding and polls % YIELD_EVERY == 0:
-                os.sched_yield()
-        self._complete()
-
-    wait = synchronize  # MPI has no stream to order: waiting is blocking
-
-    def _complete(self) -> None:
-        if self.in_flight is not None:
-            self.in_flight.discard(self)
-        super()._complete()
 
 
 #: calls whose communicator was closed or aborted before they completed: MPI may still read

@@ -28,9 +28,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from .._core.work import Pending
 from .._errors import CollectiveMismatchError, CollectivesError, CollectiveTimeoutError
-from .._mpi.tables import MpiPending
 
 #: calls between two ranks only: there is nothing to compare across the whole communicator
 POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})
@@ -73,19 +71,23 @@ class Checker:
     """The per-communicator state of check mode: a private MPI communicator to compare on.
 
     ``comm`` is read for its public members (and waited with); ``fail(error)`` is the front
-    end's, for a check that timed out; ``board``, the communicator's progress board, whose
-    shared slots are compared on where the whole communicator is on one node.
+    end's, for a check that timed out; ``requests(request, arrays)`` makes the handle that
+    waits for an MPI request under ``comm``'s rules (the front end's
+    :class:`collectives._core.work.MpiPending`); ``board``, the communicator's progress board,
+    whose shared slots are compared on where the whole communicator is on one node.
     """
 
     def __init__(
         self,
         comm: Any,
         fail: Callable[[CollectivesError], None],
+        requests: Callable[..., Any],
         board: Any = None,
         shared_memory: bool = True,
     ):
         self.comm = comm
         self.fail = fail
+        self.requests = requests
         self.mpi = comm.mpi_comm.Dup()
         self.rank = comm.rank
         self.buffer = np.zeros(2, np.int64)
@@ -188,7 +190,7 @@ class Checker:
         while not test():
             polls += 1
             if polls == 256:  # a slow rank: wait under the communicator's timeout
-                pending = MpiPending(request, self._spec)
+                pending = self.requests(request, self._spec)
                 pending.info = _waiting_info(seq, call)
                 pending.synchronize(self.comm)
                 break
@@ -211,7 +213,7 @@ class Checker:
     def _await(self, slot: int, tag: int, seq: int, call: str) -> int:
         """Poll one rank's slot until it carries collective ``seq``, under the timeout."""
         board = self._board
-        waiting = Pending()
+        waiting = self.requests(MPI.REQUEST_NULL)  # none: its rules for a poll of the board
         waiting.info = _waiting_info(seq, call)
         polls = 0
         while True:
@@ -233,7 +235,7 @@ class Checker:
         mine = np.frombuffer(repr(fields).encode()[:_DESCRIPTION].ljust(_DESCRIPTION), np.uint8)
         every = np.empty((self.comm.size, _DESCRIPTION), np.uint8)
         request = self.mpi.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
-        pending = MpiPending(request, (mine, every))
+        pending = self.requests(request, (mine, every))
         pending.info = (seq, f"exchange of descriptions after a mismatch at {call}", None, None)
         try:
             pending.synchronize(self.comm)

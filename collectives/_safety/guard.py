@@ -177,7 +177,8 @@ class Guard:
 
     ``comm`` is read for its public members; ``books`` are its books; ``check_peers(call)``
     raises once another rank declared it failed, and ``fail(error)`` ends it after a check
-    that timed out (the front end's); ``board`` is its progress board.
+    that timed out (the front end's); ``requests`` makes the handles that check mode waits
+    for its MPI requests with (:class:`Checker`); ``board`` is its progress board.
     """
 
     def __init__(
@@ -187,6 +188,7 @@ class Guard:
         books: Any,
         check_peers: Callable[[str], None],
         fail: Callable[[CollectivesError], None],
+        requests: Callable[..., Any],
         board: Any = None,
     ):
         self.comm = comm
@@ -199,7 +201,7 @@ class Guard:
         if comm.size > 1 or every_call:
             # Off check mode, comparisons overlap their calls: over MPI, which keeps them in
             # order (the node's shared slots could be overwritten by a rank that ran ahead).
-            self.checker = Checker(comm, fail, board, shared_memory=every_call)
+            self.checker = Checker(comm, fail, requests, board, shared_memory=every_call)
         self.verified = 0  # the last collective compared across ranks
 
     def verify(self, nth: int, call: str, array: Any, name: Any, op: Any, root: Any) -> None:

@@ -136,7 +136,7 @@ def with_checks_over(comm, path: str):
     guard = comm._books.checker
     if path == "mpi":
         guard.checker.close()
-        guard.checker = Checker(comm, guard.fail, shared_memory=False)
+        guard.checker = Checker(comm, guard.fail, guard.checker.requests, shared_memory=False)
         assert guard.checker._board is None
     else:
         assert guard.checker._board is not None
