@@ -258,7 +258,7 @@ class Nodes:
     ) -> subprocess.Popen:
         """The job started on ``node0``, output piped; see ``command``."""
         extra = {"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", **(env or {})}
-        job_env = launch_env(extra, one_host=False)
+        job_env = launch_env(extra)
         options = dict(
             cwd=REPO, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,

@@ -42,34 +42,27 @@ def mpi_family(launcher: str | None = None) -> str:
 _family = functools.cache(launcher_family)
 
 # What each MPI needs to start a test job here: Open MPI refuses root (CI runs as root) and
-# more ranks than cores (the suite runs up to 4 ranks, on 2 cores in CI) unless told.
+# more ranks than cores (the suite runs up to 4 ranks, on 2 cores in CI) unless told; its
+# libfabric transport (the `ofi` BTL) slept a second in every process's MPI_Init on machines
+# with no fabric (`OMPI_MCA_btl_base_verbose`, strace), so it is left out (TCP and shared
+# memory remain, across the emulated nodes too).
 _NEEDS = {
     "openmpi": {
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+        "OMPI_MCA_btl": "^ofi",
     },
 }
 
 
-# What a job on this one host is given besides: Open MPI's TCP transport looks over every
-# network interface at each process's start, and slept a second doing so in CI's container
-# (`strace`: clock_nanosleep of 1 s after its SIOCETHTOOL probes); on one host it needs the
-# loopback alone (the ranks talk through shared memory). Jobs across nodes keep every
-# interface.
-_ONE_HOST = {"openmpi": {"OMPI_MCA_btl_tcp_if_include": "lo"}}
-
-
-def launch_env(extra: Mapping[str, str] | None = None, one_host: bool = True) -> dict[str, str]:
+def launch_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment, without another job's variables, plus what this MPI
-    needs to start here (on this one host, unless ``one_host`` is False), plus ``extra``."""
+    needs to start here, plus ``extra``."""
     # Without another job's variables (those of a test runner started inside a job, or of
     # this process, an MPI singleton once it imported collectives): settings are kept.
     env = launcher_environment(os.environ)
-    family = mpi_family()
-    env.update(_NEEDS.get(family, {}))
-    if one_host:
-        env.update(_ONE_HOST.get(family, {}))
+    env.update(_NEEDS.get(mpi_family(), {}))
     env.update(extra or {})
     return env
 

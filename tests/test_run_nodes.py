@@ -39,7 +39,7 @@ def start_wrapper(nodes: Nodes, options: list[str], command: list[str]) -> subpr
     hosts = [] if "--hosts" in options else ["--hosts", ",".join(nodes.names)]
     forward = [] if mpi_family() != "openmpi" else ["--launcher-args", "-x PYTHONPATH"]
     extra = {"PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp", "PYTHONPATH": str(REPO)}
-    env = launch_env(extra, one_host=False)
+    env = launch_env(extra)
     return nodes.run(
         "node0",
         [sys.executable, "-m", "collectives.run", *hosts,
