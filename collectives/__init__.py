@@ -1,7 +1,6 @@
 """Collectives for CuPy on NCCL, bootstrapped by MPI, with an MPI backend for NumPy arrays.
 
-The layout, one concern a folder, each folder importing only those listed after it (but
-check mode, ``_safety/check.py``, whose comparisons are pendings of the call path over MPI):
+The layout, one concern a folder, each folder importing only those listed after it:
 
 - ``_topology/``: where ranks sit (``DeviceMesh``, nodes, the hierarchical view);
 - ``_mpi/`` and ``_nccl/``: the two backends, each issuing calls and answering "done yet?";
@@ -9,7 +8,9 @@ check mode, ``_safety/check.py``, whose comparisons are pendings of the call pat
   (``communicator.py``), which checks its arguments (``args.py``), keeps the books
   (``books.py``) and calls the backend's method of the same name (the interface, and the
   ``BackendContext`` through which a backend reaches the communicator: ``backend.py``), on
-  both backends, synchronous or not; ownership, closing and failure: ``lifecycle.py``;
+  both backends, synchronous or not; it holds, as objects, its ``Lifecycle`` (ownership,
+  closing and failure: ``lifecycle.py``) and its ``Groups`` (``comm.group()``:
+  ``grouping.py``); a pending call and its waits: ``work.py``;
 - ``_safety/``: what keeps ranks in step and jobs from hanging (check mode, the progress
   board, the arrival handshake, the exit, abort and fork hooks);
 - the modules beside this one: errors, ops, dtypes, arrays, the timeline.
