@@ -30,7 +30,7 @@ class Ours:
 
     def build(self, case: Case) -> Built | None:
         """The call and its result getter (the getter returns None where nothing is checked:
-        non-roots of reduce and gather, sendrecv in place)."""
+        non-roots of reduce and gather)."""
         c, op, root, s, r, b = self.comm, case.redop, case.root, case.send, case.recv, case.buf
         a = self.async_op
         # bfloat16 buffers are uint16 bits: the calls get them wrapped, the checks read the bits
@@ -142,25 +142,21 @@ class Ours:
                 if a:
                     return (lambda: f(S, nxt, out=R, source=prv, async_op=True).wait()), (lambda: r)
                 return (lambda: f(S, nxt, out=R, source=prv)), lambda: r
-            # in place, as nccl-tests: one buffer sent and received into at once (a send and
-            # a recv in a group: sendrecv takes two arrays); timed, never checked (nccl-tests
-            # prints N/A in its #wrong column). Not on MPI at one rank: MPICH aborts the job
-            # on a message to itself whose two buffers are the same memory (an assertion in
-            # its copy), and the MPI standard leaves receiving into a buffer being sent
-            # undefined.
-            if case.size == 1 and c.backend == "mpi":
-                return None
-            group, send, recv = c.group, c.send, c.recv
+            # in place, nccl-tests sends one buffer and receives into it at once (timed,
+            # never checked: N/A in its #wrong column). A receive into memory being sent is
+            # undefined, and refused here (inside comm.group()): the same send and a receive
+            # into a spare buffer of its size are timed instead.
+            group, send, recv, spare = c.group, c.send, c.recv, w(b.copy())
 
             def sendrecv() -> None:
                 with group():
                     send(B, nxt)
-                    recv(B, prv)
+                    recv(spare, prv)
 
             def sendrecv_async() -> None:
                 with group():
                     sent = send(B, nxt, async_op=True)
-                    received = recv(B, prv, async_op=True)
+                    received = recv(spare, prv, async_op=True)
                 sent.wait()
                 received.wait()
 

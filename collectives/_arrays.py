@@ -217,6 +217,22 @@ def overlap_check(call: str, x: Any, out: Any) -> bool:
     return False
 
 
+def extents_meet(a: Any, b: Any) -> bool:
+    """Whether the memory of ``a`` and of ``b`` (contiguous arrays) has a byte in common.
+
+    Example:
+        >>> buf = np.zeros(4)
+        >>> extents_meet(buf[:2], buf[1:3]), extents_meet(buf[:2], buf[2:]), extents_meet(buf, np.zeros(4))
+        (True, False, False)
+    """
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(may_share_memory(a, b))
+    if not a.nbytes or not b.nbytes:
+        return False
+    a_ptr, b_ptr = _address(a), _address(b)
+    return a_ptr < b_ptr + b.nbytes and b_ptr < a_ptr + a.nbytes
+
+
 def _address(a: Any) -> int:
     if isinstance(a, np.ndarray):
         if a.flags.writeable:  # a third of the time of __array_interface__, which makes a dict

@@ -353,6 +353,8 @@ class Communicator:
         """Send ``x`` to ``peer`` (matched by a ``recv`` there, in the same order)."""
         x, name = unwrap(x, "send")
         peer = self._peer("send", peer)
+        if self._books.held is not None:
+            self._apart_in_group("send", x, None)
         impl = self._impl
         return self._run(
             "send",
@@ -365,6 +367,8 @@ class Communicator:
         given = x
         x, name = unwrap(x, "recv")
         peer = self._peer("recv", peer)
+        if self._books.held is not None:
+            self._apart_in_group("recv", None, x)
         result = as_given(x, name, given)
         impl = self._impl
         return self._run(
@@ -396,6 +400,8 @@ class Communicator:
         out = self._new(x, x.shape) if out is None else self._out("sendrecv", out, x, name, x.shape)
         if out is x:
             raise InvalidArgumentError("sendrecv: out is x; it needs two arrays (or out=None)")
+        if self._books.held is not None:
+            self._apart_in_group("sendrecv", x, out)
         impl = self._impl
         return self._run(
             "sendrecv",
@@ -464,6 +470,9 @@ class Communicator:
 
     def group(self) -> Group:
         """Batch the calls inside into one launch; they complete when the block ends.
+
+        A receive into memory that a send of the block reads (or the reverse) raises
+        ``InvalidArgumentError`` and fails the communicator: undefined in MPI and NCCL.
 
         Example (a ring exchange that cannot deadlock):
             >>> with comm.group():
@@ -699,6 +708,19 @@ class Communicator:
         if call != "scatter" and self._check_arrays is not None:
             self._check_arrays(call, x, None)
         self._fail_one_sided(error)
+
+    def _apart_in_group(self, call: str, sent: Any, received: Any) -> None:
+        """Inside ``comm.group()``: refuse a point-to-point call whose buffers meet the
+        group's others as a send's and a receive's (:meth:`Groups.refuse_overlap`). The
+        group's earlier calls were posted already, and a peer's may match them: the
+        communicator fails, on every rank, as after a timeout (even alone: a message to
+        itself stays posted)."""
+        try:
+            self._groups.refuse_overlap(call, sent, received)
+        except InvalidArgumentError as error:
+            if _get_ident() == self._life.admits:  # usable, and its owner's
+                self._life.die(error)
+            raise
 
     def _fail_one_sided(self, error: InvalidArgumentError) -> NoReturn:
         """An argument error that depends on this rank's role, so that the other ranks' call

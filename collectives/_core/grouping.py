@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._arrays import extents_meet
+from .._errors import InvalidArgumentError
 from .backend import Backend, BackendContext
 from .books import CallBooks
 from .lifecycle import Lifecycle
@@ -23,13 +25,16 @@ class Groups:
     ``context`` what the held calls are waited with.
     """
 
-    __slots__ = ("_life", "_impl", "_books", "_context")
+    __slots__ = ("_life", "_impl", "_books", "_context", "_sent", "_received")
 
     def __init__(self, life: Lifecycle, impl: Backend, books: CallBooks, context: BackendContext):
         self._life = life
         self._impl = impl
         self._books = books
         self._context = context
+        # the open group's point-to-point buffers: what its sends read, its receives write
+        self._sent: list = []
+        self._received: list = []
 
     def open(self) -> bool:
         """Open a group, unless one is open (a nested block joins it): whether this opened it."""
@@ -40,13 +45,36 @@ class Groups:
         # First: a group_start that raises must leave no group open on this communicator.
         self._impl.group_start()
         self._books.held = []
+        self._sent, self._received = [], []
         return True
+
+    def refuse_overlap(self, call: str, sent: Any, received: Any) -> None:
+        """Before a point-to-point call of the open group: raise ``InvalidArgumentError``
+        naming ``call`` where the memory it receives into (``received``) is memory that a
+        send of the group reads, or the memory it sends (``sent``) one that a receive of the
+        group writes. MPI leaves such a pair undefined (a receive writing a buffer being
+        sent), NCCL alike, and MPICH aborts the job on a message to itself between the same
+        memory. Else the call's buffers join the group's."""
+        for mine, theirs, what in (
+            (received, self._sent, "receives into memory that a send"),
+            (sent, self._received, "sends memory that a receive"),
+        ):
+            if mine is not None and any(extents_meet(mine, other) for other in theirs):
+                raise InvalidArgumentError(
+                    f"{call}: {what} of the same comm.group() block also uses (a receive "
+                    "writing a buffer being sent is undefined); pass distinct buffers"
+                )
+        if sent is not None:
+            self._sent.append(sent)
+        if received is not None:
+            self._received.append(received)
 
     def close(self, failed: bool) -> None:
         """End the open group: launch its calls, then (unless the block ``failed``) wait for
         each, under the communicator's rules."""
         books = self._books
         pendings, books.held = books.held or [], None
+        self._sent, self._received = [], []
         self._impl.group_end(pendings)
         if not failed:
             for pending in pendings:

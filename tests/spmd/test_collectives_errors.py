@@ -309,6 +309,41 @@ def test_sendrecv_peers_and_out(comm, xp):
     in_step(comm, xp)
 
 
+def test_a_group_s_send_and_receive_of_the_same_memory_are_refused(backend, xp):
+    """Inside ``comm.group()``, a receive into memory that a send of the block reads, or a
+    send of memory that a receive of the block writes, is refused (MPI leaves it undefined;
+    MPICH aborted the job on such a message to a rank itself). The block's earlier calls were
+    posted, so the communicator fails; every rank makes the same block here."""
+    cases = [
+        ("recv", "receives into memory that a send", lambda c, buf, nxt, prv: (
+            c.send(buf, nxt), c.recv(buf[2:], prv))),
+        ("send", "sends memory that a receive", lambda c, buf, nxt, prv: (
+            c.recv(buf, prv), c.send(buf[:2], nxt))),
+        ("sendrecv", "receives into memory that a send", lambda c, buf, nxt, prv: (
+            c.send(buf[:2], nxt), c.sendrecv(buf[2:], nxt, out=buf[:2], source=prv))),
+    ]  # fmt: skip
+    for call, fragment, block in cases:
+        c = col.init(backend=backend, timeout=30)
+        nxt, prv = (c.rank + 1) % c.size, (c.rank - 1) % c.size
+        buf = xp.arange(6, dtype=np.float32)[:4]
+        with fails(call, fragment, "comm.group()"):
+            with c.group():
+                block(c, buf, nxt, prv)
+        with fails("all_reduce", "unusable", error_type=col.CommunicatorStateError):
+            c.all_reduce(xp.ones(2, np.float32))
+        c.close()
+    # distinct buffers in a group, to itself included, go through
+    c = col.init(backend=backend, timeout=30)
+    rank, size = c.rank, c.size
+    sent, received = xp.full(2, rank + 1, np.float32), xp.zeros(2, np.float32)
+    with c.group():
+        c.send(sent, (rank + 1) % size)
+        c.recv(received, (rank - 1) % size)
+    assert float(received[0]) == (rank - 1) % size + 1
+    in_step(c, xp)
+    c.close()
+
+
 def test_bad_op(comm, xp):
     size = comm.size
     x = xp.zeros(2, np.float32)
