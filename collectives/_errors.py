@@ -118,5 +118,17 @@ def event_class(name: str) -> type[CollectivesError]:
     return _EVENT_CLASSES.get(name, CommunicatorStateError)
 
 
+def told_error(call: str, notice: tuple[type[CollectivesError], str]) -> CollectivesError:
+    """The error a rank raises at ``call`` when another rank's failure notice (its class and
+    text) told it that the communicator failed.
+
+    Example:
+        >>> told_error("all_reduce", (CollectiveTimeoutError, "rank 3 declared it failed"))
+        CollectiveTimeoutError('all_reduce: communicator is unusable: rank 3 declared it failed')
+    """
+    kind, text = notice
+    return kind(f"{call}: communicator is unusable: {text}")
+
+
 # Errors are raised as their classes, the call's name first:
 # ``raise InvalidArgumentError(f"send: peer must be ...")``.

@@ -28,6 +28,7 @@ from .._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
     event_name,
+    told_error,
 )
 from .._safety import exit as _exit
 from .._safety.handshake import arrive
@@ -230,8 +231,7 @@ class Lifecycle:
         naming it, the communicator dead (``Communicator.check_peers``)."""
         notice = self.peer_failure()
         if notice is not None:
-            kind, text = notice
-            self.die(kind(f"{call}: communicator is unusable: {text}"), told=text)
+            self.die(told_error(call, notice), told=notice[1])
 
     def peer_failure(self) -> tuple[type[CollectivesError], str] | None:
         """The class and text of another rank's failure notice, once one has arrived; None

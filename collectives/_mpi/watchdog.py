@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from .._core.deadline import overdue
 from .._core.work import Pending
-from .._errors import CollectivesError
+from .._errors import CollectivesError, told_error
 from .._safety.ending import abort_job
 
 #: seconds inside a blocking call before the watchdog looks for other ranks' failure notices
@@ -88,8 +88,7 @@ class _Watchdog:
         if told is None:
             error: CollectivesError = context.timeout_error(call, waited)
         else:
-            kind, text = told
-            error = kind(f"{call.call}: communicator is unusable: {text}")
+            error = told_error(call.call, told)
         if notices:
             context.declare_blocked(error, None if told is None else told[1])
         else:
