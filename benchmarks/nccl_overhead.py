@@ -63,11 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     def raw_call() -> None:
         raw.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
 
+    with cupy.cuda.Device(comm.device):
+        ordering = cupy.cuda.Event(disable_timing=True)
+
     def raw_call_ordered() -> None:
         # the CUDA calls our path makes around the NCCL call: order after the caller's
-        # stream, record completion, order the caller after it (synchronous calls)
+        # stream (one event, recorded again for each call), record completion in a new
+        # event, order the caller after it (synchronous calls)
         caller = cupy.cuda.get_current_stream()
-        stream.wait_event(caller.record(cupy.cuda.Event(disable_timing=True)))
+        stream.wait_event(caller.record(ordering))
         raw_call()
         caller.wait_event(stream.record(cupy.cuda.Event(disable_timing=True)))
 

@@ -110,20 +110,31 @@ def to_array(obj: Any, call: str = "to_array", arg: str = "x") -> Any:
     )
 
 
+#: the name of each dtype of the library in this machine's byte order (a swapped dtype is not
+#: equal to its native twin, so it is not found here)
+_NAME_OF_NATIVE = {np.dtype(char): name for char, name in NAME_OF_CHAR.items()}
+
+
 def unwrap(x: Any, call: str, arg: str = "x") -> tuple[Any, str]:
     """(storage array, dtype name) for an accepted array, after the local checks."""
-    if type(x) is np.ndarray:  # the hot path: one lookup, one flag
-        dtype = x.dtype
-        name = NAME_OF_CHAR.get(dtype.char)
-        if name is not None and dtype.isnative and x.flags.c_contiguous:
+    if type(x) in _PLAIN:  # the hot path: one lookup, one flag
+        name = _NAME_OF_NATIVE.get(x.dtype)
+        if name is not None and x.flags.c_contiguous:
             return x, name
     return _unwrap(x, call, arg)
+
+
+#: the array types taken as they are when of a dtype of ``_NAME_OF_NATIVE`` and C-contiguous:
+#: NumPy's, and CuPy's once an array of it has come through ``_unwrap``
+_PLAIN = {np.ndarray}
 
 
 def _unwrap(x: Any, call: str, arg: str) -> tuple[Any, str]:
     if isinstance(x, BFloat16Array):
         array, name = x.array, "bfloat16"
     else:
+        if is_device_array(x) and type(x) is _cupy().ndarray:
+            _PLAIN.add(type(x))
         array = to_array(x, call, arg)
         if isinstance(array, BFloat16Array):
             array, name = array.array, "bfloat16"

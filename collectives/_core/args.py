@@ -103,24 +103,20 @@ def new_like(x: Any, shape: tuple) -> Any:
         return xp.empty(shape, x.dtype)
 
 
-def distinct_twin(out: Any, x: Any) -> bool:
-    """True when ``out`` is a writeable NumPy array of ``x``'s dtype and shape, apart from it:
-    the common case, accepted without the general checks."""
-    return (
+def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
+    """``out`` (unwrapped) where it is of ``x``'s kind and of ``shape``; ``x`` when it is
+    ``x`` itself."""
+    if (  # the common case, accepted without the general checks: a writeable NumPy array of
+        # x's dtype and of the shape, apart from x
         type(out) is np.ndarray
+        and type(x) is np.ndarray
         and out.dtype is x.dtype
-        and out.shape == x.shape
+        and out.shape == shape
         and (flags := out.flags).c_contiguous
         and flags.writeable
         # two arrays that each own their memory are apart; otherwise compare extents
         and ((out.base is None and x.base is None) or not may_share_memory(x, out))
-    )
-
-
-def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
-    """``out`` (unwrapped) where it is of ``x``'s kind and of ``shape``; ``x`` when it is
-    ``x`` itself."""
-    if type(x) is np.ndarray and distinct_twin(out, x) and out.shape == shape:
+    ):
         return out
     out, out_name = unwrap(out, call, "out")
     same_kind(call, x, name, out, out_name, shape)

@@ -108,7 +108,7 @@ class BackendContext:
         return self.books.seq
 
     def current(self) -> tuple:
-        """``(seq, call, shape, dtype)`` of the call being issued (or issued last)."""
+        """``(seq, call, shape, dtype, start)`` of the call being issued (or issued last)."""
         return self.books.current
 
     def inside(self, code: int) -> None:

@@ -51,7 +51,8 @@ class CallBooks:
         seq: calls made so far; ``p2p``: how many of them were point-to-point. Collectives
             are numbered apart (``seq - p2p``) because ranks that pair up for send/recv make
             different numbers of them.
-        current: ``(seq, call, shape, dtype)`` of the call being numbered or issued last.
+        current: ``(seq, call, shape, dtype, start)`` of the call being numbered or issued
+            last (``start``: its monotonic time).
         checker: the ``Guard`` (:mod:`collectives._safety.guard`), or None; called for a collective when
             ``next_check`` (a collective number) is due, or when more than ``quiet`` seconds
             passed since ``last_call`` (the monotonic time of the last collective).
@@ -83,7 +84,7 @@ class CallBooks:
         self.busy = False
         self.seq = 0
         self.p2p = 0
-        self.current: tuple = (0, "operation", None, None)
+        self.current: tuple = (0, "operation", None, None, 0.0)
         self.checker: Any = None
         self.next_check = 1
         self.last_call = monotonic()
@@ -108,7 +109,8 @@ class CallBooks:
     def number(self, call: str, array: Any, name: Any, op: Any, root: Any) -> int:
         """Number one call (check mode may verify it across ranks first); its ``seq``."""
         self.seq = seq = self.seq + 1
-        self.current = (seq, call, None if array is None else array.shape, name)
+        now = monotonic()
+        self.current = (seq, call, None if array is None else array.shape, name, now)
         if call in POINT_TO_POINT:
             self.p2p += 1
             return seq
@@ -117,7 +119,6 @@ class CallBooks:
             self._slots[self._slot] = nth
         checker = self.checker
         if checker is not None:
-            now = monotonic()
             last, self.last_call = self.last_call, now
             if nth >= self.next_check or now - last > self.quiet:
                 checker.verify(nth, call, array, name, op, root)

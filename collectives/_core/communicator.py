@@ -47,7 +47,7 @@ from .backend import Backend, BackendContext, Stager, Verb
 from .books import CallBooks
 from .grouping import Group, Groups
 from .lifecycle import Lifecycle
-from .work import MpiPending, Pending, Work
+from .work import COMPLETED, MpiPending, Pending, Work, recorded
 
 RECORDER_LENGTH = 64
 #: the calls whose arguments differ by role (root or not)
@@ -666,18 +666,21 @@ class Communicator:
                 pending = verb(x, out)
             else:
                 pending = self._stager.run(verb, x, out)
+            if pending is COMPLETED:  # done where it was made: the recorder keeps the books
+                books.recorder.append(books.current)
+                if self._track and _timeline.TIMELINE is not None:
+                    _timeline.TIMELINE.pending(recorded(books.current), self._track)
+                return Work(self._context, None, result) if async_op else result
             pending.info = books.current
             if self._track:
                 pending.track = self._track
-                if pending.done and _timeline.TIMELINE is not None:  # completed when made
-                    _timeline.TIMELINE.pending(pending, self._track)
-            self.recorder.append(pending)
+            books.recorder.append(pending)
             held = books.held
             if held is not None:
                 held.append(pending)
             elif not async_op:
                 if not pending.done:
-                    pending.wait(self)
+                    pending.wait_issued(self)
                 return result
             return Work(self._context, pending, result) if async_op else result
         except CollectivesError as e:

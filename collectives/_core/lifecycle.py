@@ -35,7 +35,7 @@ from .._safety.handshake import arrive
 from .._safety.progress import ProgressBoard, across_nodes
 from .backend import Backend
 from .books import IN_USE, CallBooks
-from .work import Pending
+from .work import Pending, recorded
 
 _get_ident = threading.get_ident
 
@@ -300,7 +300,7 @@ class Lifecycle:
 
     def flight_record(self) -> list[dict]:
         """The last calls on this communicator, oldest first (seq, call, bytes, state, timing)."""
-        return [p.as_dict() for p in self.books.recorder]
+        return [recorded(entry).as_dict() for entry in self.books.recorder]
 
     def dump_flight_record(self) -> None:
         """Write the flight record where the user asked (``COLLECTIVES_FLIGHT_RECORDER``)."""

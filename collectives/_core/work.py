@@ -81,6 +81,11 @@ class Pending:
     def wait(self, comm: Any) -> None:
         self.synchronize(comm)
 
+    def wait_issued(self, comm: Any) -> None:
+        """``wait``, right after the call was issued, in the issuing thread (a synchronous
+        call): a backend may reuse what it read while issuing (NCCL: the caller's stream)."""
+        self.wait(comm)
+
     def synchronize(self, comm: Any) -> None:
         raise NotImplementedError
 
@@ -180,16 +185,6 @@ class MpiPending(Pending):
         if in_flight is not None:
             in_flight.add(self)
 
-    @classmethod
-    def complete(cls) -> MpiPending:
-        """A call that completed where it was made (a small call done at its first test, or
-        a blocking one): nothing to hold, nothing in flight, its ``finish`` already run."""
-        pending = cls.__new__(cls)
-        pending.done = True
-        pending.state = "completed"
-        pending.start = pending.end = time.monotonic()
-        return pending
-
     def test(self) -> bool:
         if not self.done and self.request.Test():
             self._complete()
@@ -213,12 +208,57 @@ class MpiPending(Pending):
                 os.sched_yield()
         self._complete()
 
-    wait = synchronize  # MPI has no stream to order: waiting is blocking
+    wait = wait_issued = synchronize  # MPI has no stream to order: waiting is blocking
 
     def _complete(self) -> None:
         if self.in_flight is not None:
             self.in_flight.discard(self)
         super()._complete()
+
+
+class _Record(Pending):
+    """A completed call of the flight recorder, read back from its books."""
+
+    def __init__(self, info: tuple):
+        self.info = info
+        self.done = True
+        self.state = "completed"
+        self.start = self.end = info[4]
+
+
+def recorded(entry: Any) -> Pending:
+    """A flight recorder's entry as a ``Pending``: the entry itself, or, for a call that
+    completed where it was made, its books ``(seq, call, shape, dtype, start)`` seen as one.
+
+    Example:
+        >>> recorded((3, "all_reduce", (2,), "float32", 0.0)).describe()
+        'all_reduce #3 (shape (2,), float32)'
+    """
+    return _Record(entry) if type(entry) is tuple else entry
+
+
+class Completed(MpiPending):
+    """What a backend returns for a call that completed where it was made (a small call
+    done at its first test, a blocking call), its ``finish`` already run: one shared object
+    that holds nothing, so that such a call makes none. The flight recorder keeps the
+    call's books instead (:func:`recorded` reads them back).
+
+    Example:
+        >>> steps = []
+        >>> COMPLETED.then(lambda: steps.append("copied back"))  # runs now
+        >>> steps, COMPLETED.test()
+        (['copied back'], True)
+    """
+
+    done = True
+    state = "completed"
+
+    def __init__(self) -> None:  # one instance, whose attributes are never set
+        pass
+
+
+#: the one ``Completed``
+COMPLETED = Completed()
 
 
 class Work:
@@ -293,7 +333,7 @@ def chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callabl
 
 def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeoutError:
     pending.state = "timed out"
-    last = list(comm.recorder)[-5:]
+    last = [recorded(entry) for entry in list(comm.recorder)[-5:]]
     recent = "; ".join(f"#{p.seq} {p.call} {p.state}" for p in last)
     return CollectiveTimeoutError(
         f"{pending.describe()} on rank {comm.rank} did not complete after {waited:.1f} s "
@@ -303,4 +343,13 @@ def timeout_error(comm: Any, pending: Pending, waited: float) -> CollectiveTimeo
     )
 
 
-__all__ = ["MpiPending", "Pending", "Work", "chain", "timeout_error"]
+__all__ = [
+    "COMPLETED",
+    "Completed",
+    "MpiPending",
+    "Pending",
+    "Work",
+    "chain",
+    "recorded",
+    "timeout_error",
+]

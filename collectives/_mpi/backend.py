@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .._arrays import array_module, is_device_array, is_slot
 from .._core.backend import BackendContext, Verb
-from .._core.work import MpiPending, Pending, chain
+from .._core.work import COMPLETED, MpiPending, Pending, chain
 from .._errors import CollectivesError
 from .._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
 from .._ops import ReduceOp
@@ -77,6 +77,11 @@ def _in_float32(name: str, op: ReduceOp | None) -> bool:
     reduce (UPCAST), and float16's AVG on every MPI, whose sum would overflow (past 65504)
     where the mean does not, as NCCL's avg (which divides before summing) never does."""
     return name in UPCAST or (op is ReduceOp.AVG and name == "float16")
+
+
+#: the dtypes some reduction of which may run on float32 copies, looked up first: the others
+#: never do (UPCAST only ever gains float16)
+NARROW = UPCAST | {"float16"}
 
 
 class _AllOf:
@@ -209,7 +214,7 @@ class MpiBackend:
     # blocking form.
 
     def all_reduce(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
-        if _in_float32(name, op):
+        if name in NARROW and _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.all_reduce(x, out, name, op), x, out, name
             )
@@ -221,7 +226,7 @@ class MpiBackend:
         return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=then)
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
-        if _in_float32(name, op):
+        if name in NARROW and _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce(x, out, name, op, root), x, out, name
             )
@@ -249,7 +254,7 @@ class MpiBackend:
         return self._post(MPI.Comm.Iallgather, send, [out, t])
 
     def reduce_scatter(self, x: Any, out: Any, name: str, op: ReduceOp) -> MpiPending:
-        if _in_float32(name, op):
+        if name in NARROW and _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce_scatter(x, out, name, op), x, out, name
             )
@@ -378,7 +383,7 @@ class MpiBackend:
         # complete already: ``then`` runs now, as will what the verbs add (``then()``)
         if then is not None:
             then()
-        return MpiPending.complete()
+        return COMPLETED
 
     def _block(self, call: Callable[..., None], args: tuple) -> None:
         """Make the blocking MPI call ``call(comm, *args)``, posted on the progress board and

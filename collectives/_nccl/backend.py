@@ -36,6 +36,8 @@ from .device import (
     nccl_unavailable_reason,
     new_stream,
     placement,
+    restore_device,
+    use_device,
 )
 from .device import event_done as _event_done  # noqa: F401  (imported from here)
 from .device import finished as _finished
@@ -75,11 +77,15 @@ class NcclBackend(WatchedCommunicator):
     checks_arrays = True
     #: device arrays go to NCCL as they are
     stager: Stager | None = None
+    #: the caller's current stream, as the checks of the call being issued read it (the
+    #: front end runs them just before the verb, holding the communicator), or None
+    _checked_caller: Any = None
 
     # ---------------------------------------------------------------- issuing
 
     def check_arrays(self, call: str, x: Any, out: Any) -> None:
-        self._check_not_capturing(call)
+        self._checked_caller = None
+        caller = self._check_not_capturing(call)
         for arg, a in (("x", x), ("out", out)):
             if a is None:
                 continue
@@ -100,13 +106,16 @@ class NcclBackend(WatchedCommunicator):
                     f"{call}: {arg} is on device {a.device.id}, expected device "
                     f"{self.device} (the communicator's){hint}"
                 )
+        self._checked_caller = caller
 
-    def _check_not_capturing(self, call: str) -> None:
+    def _check_not_capturing(self, call: str) -> Any:
         """Refuse a call while the caller's stream captures a CUDA graph: each call's
         completion is watched through an event recorded as it is issued, which a replay of
-        the graph would not record again (the watchdog would wait for it forever)."""
+        the graph would not record again (the watchdog would wait for it forever). The
+        caller's stream."""
+        caller = self.cupy.cuda.get_current_stream(self.device)
         try:
-            capturing = self.cupy.cuda.get_current_stream(self.device).is_capturing()
+            capturing = caller.is_capturing()
         except self.cupy.cuda.runtime.CUDARuntimeError as e:  # e.g. the legacy stream
             raise InvalidArgumentError(
                 f"{call}: the current stream cannot say whether it captures a CUDA graph "
@@ -118,6 +127,7 @@ class NcclBackend(WatchedCommunicator):
                 "backend cannot be captured (their completion is watched through events that "
                 "a replay would not record): make the call outside the capture"
             )
+        return caller
 
     def _launch(
         self,
@@ -142,7 +152,8 @@ class NcclBackend(WatchedCommunicator):
             pending.info = (seq, call, getattr(array, "shape", None), dtype and dtype.name)
         state = groups.current()
         self._prune()
-        with self.cupy.cuda.Device(self.device):
+        previous = use_device(self.device)
+        try:
             self._enter(pending)
             # In flight before issuing: NCCL connects lazily, and a connect to a missing peer
             # blocks this thread; the watchdog must see the call to time it out.
@@ -151,9 +162,14 @@ class NcclBackend(WatchedCommunicator):
             try:
                 # Every call, grouped ones included: the caller may have queued more work on
                 # its stream between two calls of a group (NCCL launches them at its end).
-                caller = self.cupy.cuda.get_current_stream(self.device)
+                caller = self._checked_caller  # the call's checks have just read it
+                if caller is None:  # a verb called without them
+                    caller = self.cupy.cuda.get_current_stream(self.device)
+                self._checked_caller = None
+                pending.caller = caller
                 if caller.ptr != self.stream.ptr:
-                    self.stream.wait_event(caller.record(self._event()))
+                    # one event serves every call: a wait takes the record made before it
+                    self.stream.wait_event(caller.record(self._ordering))
                 issue(self.stream.ptr)
             except Exception as e:
                 error = self._error or nccl_error(call, e)
@@ -182,6 +198,8 @@ class NcclBackend(WatchedCommunicator):
                 raise (self._error or error) from e
             finally:
                 self._leave()
+        finally:
+            restore_device(previous, self.device)
         self.raise_if_failed()
         return pending
 

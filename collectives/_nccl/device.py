@@ -62,9 +62,39 @@ def event_done(event: Any) -> bool:
     """Whether a ``cupy.cuda.Event`` has completed. CuPy's ``Event.done`` is
     ``eventQuery(ptr) == 0``, which after a kernel fault says "not yet" for ever; this
     raises ``CUDARuntimeError`` for a status other than success or not-ready."""
-    from cupy.cuda import runtime
-
+    runtime = _runtime()
     return event_query_done(runtime.eventQuery(event.ptr), runtime.CUDARuntimeError)
+
+
+def _runtime() -> Any:
+    """``cupy.cuda.runtime``, imported on first use (an import statement per query costs
+    more than the query)."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        from cupy.cuda import runtime
+
+        _RUNTIME = runtime
+    return _RUNTIME
+
+
+_RUNTIME: Any = None
+
+
+def use_device(device: int) -> int:
+    """Make ``device`` this thread's current one; the one that was (for :func:`restore_device`).
+    As ``with cupy.cuda.Device(device)`` does, without its objects: a device already current
+    is not set again."""
+    runtime = _runtime()
+    previous = runtime.getDevice()
+    if previous != device:
+        runtime.setDevice(device)
+    return previous
+
+
+def restore_device(previous: int, device: int) -> None:
+    """Make ``previous`` current again where :func:`use_device` changed it."""
+    if previous != device:
+        _runtime().setDevice(previous)
 
 
 def create_communicator(bootstrap: Bootstrap, device: int) -> Any:

@@ -33,7 +33,7 @@ from .._errors import (
 )
 from .._safety.ending import abort_job
 from . import groups
-from .device import event_done, finished, new_stream
+from .device import event_done, finished, new_stream, restore_device, use_device
 from .rules import cuda_error, nccl_error
 
 WATCHDOG_PERIOD_S = 0.1
@@ -44,6 +44,9 @@ HOST_HANG_GRACE_S = 3.0
 class NcclPending(Pending):
     event: Any = None
     error: CollectivesError | None = None
+    #: the caller's stream the call was ordered after (``wait_issued`` orders it after the
+    #: call in turn)
+    caller: Any = None
 
     def __init__(self, backend: WatchedCommunicator, blocking: bool = False):
         super().__init__()
@@ -83,6 +86,12 @@ class NcclPending(Pending):
             return
         self.backend.order_caller_after(self.event)
 
+    def wait_issued(self, comm: Any) -> None:
+        if self.event is not None and not self.blocking and self.caller is not None:
+            self.backend.order_after(self.caller, self.event)  # no user code ran since
+        else:
+            self.wait(comm)
+
     def synchronize(self, comm: Any) -> None:
         if self.error is not None:
             raise self.error
@@ -119,6 +128,9 @@ class WatchedCommunicator:
         self.device = device
         self._first_timeout = timeout  # until the front end attaches (``timeout``)
         self.stream = new_stream(device)
+        with cupy.cuda.Device(device):
+            #: recorded on the caller's stream for each call to wait on (``_launch``)
+            self._ordering = cupy.cuda.Event(disable_timing=True)
         self.has_avg = nccl.get_version() >= 21000
         self._in_flight: list[tuple[NcclPending, tuple]] = []
         self._lock = threading.Lock()
@@ -343,5 +355,12 @@ class WatchedCommunicator:
 
     def order_caller_after(self, event: Any) -> None:
         """The caller's current stream on our device waits for ``event``."""
-        with self.cupy.cuda.Device(self.device):
-            self.cupy.cuda.get_current_stream(self.device).wait_event(event)
+        self.order_after(self.cupy.cuda.get_current_stream(self.device), event)
+
+    def order_after(self, stream: Any, event: Any) -> None:
+        """``stream`` (on our device) waits for ``event``."""
+        previous = use_device(self.device)
+        try:
+            stream.wait_event(event)
+        finally:
+            restore_device(previous, self.device)

@@ -14,6 +14,7 @@ __all__ = [
     "getDevice",
     "getDeviceCount",
     "getDeviceProperties",
+    "setDevice",
     "is_hip",
     "driverGetVersion",
     "runtimeGetVersion",
@@ -29,6 +30,11 @@ def getDeviceCount() -> int:
 
 def getDevice() -> int:
     return _gpu.current_device()
+
+
+def setDevice(device: int) -> None:
+    """``cudaSetDevice``: an id outside the visible devices is cudaErrorInvalidDevice (101)."""
+    _gpu.set_current_device(device)
 
 
 def runtimeGetVersion() -> int:
