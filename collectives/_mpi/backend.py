@@ -130,6 +130,17 @@ class _Library:
         #: the same libraries' ``MPI_(I)reduce_scatter`` (2 ranks, 15x and 6x at 1 MiB;
         #: benchmarks/results/cpu-2core-2026-11-25-c-work/); elsewhere the two cost the same
         self.counted_reduce_scatter = {"MPICH": 1, "Open MPI": 2}.get(vendor, 0)
+        #: bytes from which a reduce is made as an all_reduce (the ranks but the root receive
+        #: into a scratch buffer), for the non-blocking and the blocking form of the call
+        #: (None: never), at more than one rank, where this library's reduce is the slower of
+        #: the two: MPICH's took 2.6x to 3.9x its all_reduce's time from 256 KiB (either
+        #: form), Intel MPI's ``MPI_Ireduce`` 2.8x to 4.8x from 256 KiB, Open MPI's 1.1x to
+        #: 1.4x from 1 MiB (2 ranks; benchmarks/results/cpu-2core-2026-11-28-lean-path/)
+        self.reduce_as_all_reduce_from: tuple[int | None, int | None] = {
+            "MPICH": (256 << 10, 256 << 10),
+            "Intel MPI": (256 << 10, None),
+            "Open MPI": (1 << 20, None),
+        }.get(vendor, (None, None))
 
 
 #: bytes per rank from which reduce_scatters are posted counted (below, the two cost the same)
@@ -175,6 +186,10 @@ class MpiBackend:
         self.blocked_since = 0.0
         self.in_flight: set[MpiPending] = set()
         self._reap_at = _REAP_AT
+        #: the host buffer that reduces made as all_reduces receive into where the rank is not
+        #: the root (:meth:`_spare`), and whether a call in flight uses it
+        self._spare_bytes = np.empty(0, np.uint8)
+        self._spare_in_use = False
         #: calls were left in flight at a close or abort: the MPI communicator is not freed
         self.unfinished = False
         self._context: BackendContext | None = None
@@ -226,6 +241,22 @@ class MpiBackend:
         return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=then)
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
+        from_bytes = self._library.reduce_as_all_reduce_from[self.blocking]
+        if from_bytes is not None and x.nbytes >= from_bytes and self.size > 1:
+            # this library's reduce is the slower: an all_reduce, which every rank makes
+            # alike (the same size) and out of place (MPI's in-place form is every rank's or
+            # none's), whose result the ranks but the root do not keep
+            if self.rank != root:
+                spare = self._spare(x)
+                pending = self.all_reduce(x, spare, name, op)
+            elif out is x:
+                spare = self._spare(x)
+                spare[...] = x
+                pending = self.all_reduce(spare, out, name, op)
+            else:
+                return self.all_reduce(x, out, name, op)
+            pending.then(lambda: self._give_back(spare))
+            return pending
         if name in NARROW and _in_float32(name, op):
             return self._via_float32(
                 lambda x, out, name: self.reduce(x, out, name, op, root), x, out, name
@@ -397,6 +428,23 @@ class MpiBackend:
         finally:
             self.blocked_since = 0.0
             context.inside(0)
+
+    def _spare(self, like: Any) -> Any:
+        """An array of ``like``'s shape and dtype that no call in flight uses, for a reduce
+        made as an all_reduce: the backend's spare host buffer (grown to the largest asked
+        for, and kept), or a new array where that is in use or ``like`` is on a device. A new
+        host buffer of a MiB each call costs its page faults, as much as the reduce saves."""
+        if array_module(like) is not np or self._spare_in_use:
+            return array_module(like).empty_like(like)
+        if self._spare_bytes.nbytes < like.nbytes:
+            self._spare_bytes = np.empty(like.nbytes, np.uint8)
+        self._spare_in_use = True
+        return self._spare_bytes[: like.nbytes].view(like.dtype).reshape(like.shape)
+
+    def _give_back(self, spare: Any) -> None:
+        """The call that used ``spare`` has completed: the spare host buffer is free again."""
+        if spare.base is self._spare_bytes:  # (not a new array made while it was in use)
+            self._spare_in_use = False
 
     def _reap(self) -> None:
         """Complete the calls nobody waits for (their ``Work`` was dropped), so that

@@ -277,6 +277,50 @@ def test_reduce(comm, xp):
     cases.check()
 
 
+def test_reduce_of_buffers_large_enough_to_be_made_as_all_reduce(comm, xp):
+    # from 256 KiB, MPICH's reduce (and Intel MPI's and, from 1 MiB, Open MPI's non-blocking
+    # one) is made as an all_reduce whose result only the root keeps: buffers of either side
+    # of those sizes, each root, in place and not, float16's average on float32 copies
+    size, rank = comm.size, comm.rank
+    for nbytes, dtype, op in (
+        ((256 << 10) - 4, np.float32, "sum"),
+        (256 << 10, np.float32, "sum"),
+        (1 << 20, np.float32, "avg"),
+        (1 << 20, np.float16, "avg"),
+        (1 << 20, np.int32, "max"),
+    ):
+        count = nbytes // np.dtype(dtype).itemsize
+        stack = np.stack([(np.arange(count) % 7 + 2 * r).astype(dtype) for r in range(size)])
+        expected = reference(stack, op, np.dtype(dtype).name)
+        for root in sorted({0, size - 1}):
+            for mode in ("sync", "wait"):
+                what = f"reduce of {nbytes} B of {np.dtype(dtype).name}, {op}, root {root}, {mode}"
+                async_op = mode != "sync"
+                x = xp.array(stack[rank])
+                out = xp.zeros_like(x)
+                got = finish(comm.reduce(x, root, op, out=out, async_op=async_op), mode, what)
+                np.testing.assert_array_equal(host(x), stack[rank], err_msg=what + ": x changed")
+                if rank == root:
+                    assert got is out
+                    np.testing.assert_array_equal(host(out), expected, err_msg=what)
+                else:
+                    assert not host(out).any(), what + ": out written off the root"
+                got = finish(comm.reduce(x, root, op, async_op=async_op), mode, what)
+                if rank == root:
+                    assert got is x
+                    np.testing.assert_array_equal(host(x), expected, err_msg=what + " in place")
+                else:
+                    np.testing.assert_array_equal(host(x), stack[rank], err_msg=what + " in place")
+        # two in flight at once, in place: each its own scratch buffer off the root
+        first, second = xp.array(stack[rank]), xp.array(stack[rank])
+        works = [comm.reduce(a, 0, op, async_op=True) for a in (first, second)]
+        for a, work in zip((first, second), works):
+            assert work.wait() is a
+            np.testing.assert_array_equal(
+                host(a), expected if rank == 0 else stack[rank], err_msg=f"{nbytes} B, two at once"
+            )
+
+
 def test_broadcast(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
