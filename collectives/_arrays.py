@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
+import warnings
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -245,14 +248,48 @@ def extents_meet(a: Any, b: Any) -> bool:
 
 
 def _address(a: Any) -> int:
+    """The address of an array's first byte."""
     if isinstance(a, np.ndarray):
-        if a.flags.writeable:  # a third of the time of __array_interface__, which makes a dict
-            try:
-                return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
-            except (TypeError, ValueError, BufferError):  # a buffer that ctypes cannot take
-                pass
-        return a.__array_interface__["data"][0]
+        known = _ADDRESSES.get(id(a))
+        if known is not None and known[0]() is a:
+            return known[1]
+        address = _host_address(a)
+        if _data_fixed():
+            if len(_ADDRESSES) >= _ADDRESSES_KEPT:
+                _ADDRESSES.clear()
+            _ADDRESSES[id(a)] = (weakref.ref(a), address)
+        return address
     return a.data.ptr
+
+
+def _host_address(a: np.ndarray) -> int:
+    if a.flags.writeable:  # a third of the time of __array_interface__, which makes a dict
+        try:
+            return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
+        except (TypeError, ValueError, BufferError):  # a buffer that ctypes cannot take
+            pass
+    return a.__array_interface__["data"][0]
+
+
+#: the addresses of the NumPy arrays last asked for, by ``id``, each with a weak reference
+#: that tells the array from a later one of the same ``id``: reading an address costs a
+#: microsecond or more, and the in-place forms read the same buffers' call after call. An
+#: array's memory never moves where NumPy refuses to set ``ndarray.data`` (:func:`_data_fixed`).
+_ADDRESSES: dict[int, tuple[weakref.ref, int]] = {}
+_ADDRESSES_KEPT = 64
+
+
+@functools.cache
+def _data_fixed() -> bool:
+    """Whether this NumPy refuses ``ndarray.data = ...`` (older ones allowed it, deprecated)."""
+    probe = np.zeros(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe.data = np.zeros(1).data  # type: ignore[misc]
+    except AttributeError:
+        return True
+    return False
 
 
 def is_slot(part: Any, whole: Any, index: int) -> bool:

@@ -368,6 +368,23 @@ def test_all_gather(comm, xp):
     cases.check()
 
 
+def test_in_place_forms_told_apart_from_new_arrays_made_where_old_views_were(comm, xp):
+    # the addresses of arrays are remembered by id (reading one costs a microsecond): a view
+    # that is gone and a new array that takes its id must never be taken for each other
+    size, rank = comm.size, comm.rank
+    stack = np.stack([np.full(3, r + 1, np.float32) for r in range(size)])
+    for i in range(40):
+        out = xp.zeros((size, 3), xp.float32)
+        out[rank] = xp.asarray(stack[rank])
+        assert comm.all_gather(out[rank], out=out) is out  # a view made for this call
+        np.testing.assert_array_equal(host(out), stack, err_msg=f"in place, round {i}")
+        mine = xp.asarray(stack[rank]) * 1  # a new array, perhaps where the view was
+        fresh = xp.zeros((size, 3), xp.float32)
+        assert comm.all_gather(mine, out=fresh) is fresh
+        np.testing.assert_array_equal(host(fresh), stack, err_msg=f"out of place, round {i}")
+        np.testing.assert_array_equal(host(mine), stack[rank], err_msg=f"x, round {i}")
+
+
 def test_reduce_scatter(comm, xp):
     cases = Cases()
     size, rank = comm.size, comm.rank
