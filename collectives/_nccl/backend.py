@@ -87,7 +87,7 @@ class NcclBackend(WatchedCommunicator):
         self._checked_caller = None
         caller = self._check_not_capturing(call)
         for arg, a in (("x", x), ("out", out)):
-            if a is None:
+            if a is None or (arg == "out" and out is x):
                 continue
             if not isinstance(a, self.cupy.ndarray):
                 raise InvalidArgumentError(
@@ -232,7 +232,7 @@ class NcclBackend(WatchedCommunicator):
             self.fail(cuda_error("a call in flight", e))
             return
         for p in finished:
-            p.test()
+            p.completed()
 
     @staticmethod
     def _count(a: Any, name: str) -> tuple[int, int]:

@@ -65,6 +65,11 @@ class NcclPending(Pending):
                 self._complete()
         return self.done
 
+    def completed(self) -> None:
+        """Its event has been seen complete (by the caller's thread): mark it so."""
+        if not self.done:
+            self._complete()
+
     def as_dict(self) -> dict:
         self.test()  # a synchronous call is never waited on again: mark it here
         return super().as_dict()
