@@ -135,7 +135,7 @@ class _Library:
         #: (None: never), at more than one rank, where this library's reduce is the slower of
         #: the two: MPICH's took 2.6x to 3.9x its all_reduce's time from 256 KiB (either
         #: form), Intel MPI's ``MPI_Ireduce`` 2.8x to 4.8x from 256 KiB, Open MPI's 1.1x to
-        #: 1.4x from 1 MiB (2 ranks; benchmarks/results/cpu-2core-2026-11-28-lean-path/)
+        #: 1.4x from 1 MiB (2 ranks; benchmarks/results/cpu-2core-2026-11-27-lean-path/)
         self.reduce_as_all_reduce_from: tuple[int | None, int | None] = {
             "MPICH": (256 << 10, 256 << 10),
             "Intel MPI": (256 << 10, None),
