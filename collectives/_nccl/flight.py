@@ -67,6 +67,7 @@ class NcclPending(Pending):
 
     def completed(self) -> None:
         """Its event has been seen complete (by the caller's thread): mark it so."""
+        self.caller = None
         if not self.done:
             self._complete()
 
@@ -92,8 +93,9 @@ class NcclPending(Pending):
         self.backend.order_caller_after(self.event)
 
     def wait_issued(self, comm: Any) -> None:
-        if self.event is not None and not self.blocking and self.caller is not None:
-            self.backend.order_after(self.caller, self.event)  # no user code ran since
+        caller, self.caller = self.caller, None  # (the recorder need not keep the stream)
+        if self.event is not None and not self.blocking and caller is not None:
+            self.backend.order_after(caller, self.event)  # no user code ran since
         else:
             self.wait(comm)
 
