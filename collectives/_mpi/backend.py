@@ -60,15 +60,6 @@ TESTS_AT_POST = 16
 _TESTS_AT_POST, _ONE_TEST = range(TESTS_AT_POST), range(1)
 
 
-class _SharesACore:
-    """The rules before the front end attaches: one test, as on a shared core."""
-
-    yield_after = 0.0
-
-
-_SHARES_A_CORE = _SharesACore()
-
-
 def _decode(x: Any, name: str) -> Any:
     return bfloat16_to_float32(x) if name == "bfloat16" else x.astype(np.float32)
 
@@ -205,8 +196,9 @@ class MpiBackend:
         self.in_flight: set[MpiPending] = set()
         self._reap_at = _REAP_AT
         self._until_reap = _REAP_AT
-        #: what the front end's waits follow (``yield_after``: 0 where this rank shares its core)
-        self._waiter: Any = _SHARES_A_CORE
+        #: what the front end's waits follow (``yield_after``: 0 where this rank shares its
+        #: core); set by :meth:`attach`, which comes before any call
+        self._waiter: Any = None
         #: the host buffer that reduces made as all_reduces receive into where the rank is not
         #: the root (:meth:`_spare`), and whether a call in flight uses it
         self._spare_bytes = np.empty(0, np.uint8)
