@@ -4,6 +4,7 @@ communicator's stream, completion events, and creating a communicator.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -66,18 +67,13 @@ def event_done(event: Any) -> bool:
     return event_query_done(runtime.eventQuery(event.ptr), runtime.CUDARuntimeError)
 
 
+@functools.cache
 def _runtime() -> Any:
     """``cupy.cuda.runtime``, imported on first use (an import statement per query costs
     more than the query)."""
-    global _RUNTIME
-    if _RUNTIME is None:
-        from cupy.cuda import runtime
+    from cupy.cuda import runtime
 
-        _RUNTIME = runtime
-    return _RUNTIME
-
-
-_RUNTIME: Any = None
+    return runtime
 
 
 def use_device(device: int) -> int:
