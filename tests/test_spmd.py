@@ -3,7 +3,7 @@
 A module declares ``WORLD_SIZES = (1, 2, ...)`` (default (1, 2)) and optionally
 ``SPMD_TIMEOUT`` seconds for its tests (default 240), and ``SPMD_ALONE = True`` to run in a
 launch of its own. The others run several to a launch (``COLLECTIVES_TEST_SPMD_BATCH``
-modules of one world size, default 6; 1: a launch each), since every launch pays the
+modules of one world size, default 12; 1: a launch each), since every launch pays the
 launcher's, Python's and pytest's start-up (seconds a launch, most of all under Open MPI);
 each module still passes or fails on its own outcomes.
 
@@ -55,7 +55,7 @@ def _cases():
                 yield pytest.param(path, size, timeout, id=f"{path.stem}-np{size}")
 
 
-BATCH = max(1, int(os.environ.get("COLLECTIVES_TEST_SPMD_BATCH", "6")))
+BATCH = max(1, int(os.environ.get("COLLECTIVES_TEST_SPMD_BATCH", "12")))
 _LAUNCHED: dict[tuple[Path, int], SpmdResult] = {}
 
 
