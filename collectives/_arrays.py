@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import sys
-import warnings
-import weakref
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ._dtypes import NAME_OF_CHAR, dtype_name
 from ._errors import InvalidArgumentError
@@ -248,54 +245,37 @@ def extents_meet(a: Any, b: Any) -> bool:
 
 
 def _address(a: Any) -> int:
-    """The address of an array's first byte."""
+    """The address of an array's first byte.
+
+    Example:
+        >>> a = np.arange(6.0).reshape(3, 2)
+        >>> frozen = a[1:]
+        >>> frozen.flags.writeable = False
+        >>> views = (a, a[2], frozen, a[:, 1], a[::-1])  # read-only, strided, reversed
+        >>> [_address(v) - _address(a) for v in views]
+        [0, 32, 16, 8, 32]
+    """
     if isinstance(a, np.ndarray):
-        known = _ADDRESSES.get(id(a))
-        if known is not None and known[0]() is a:
-            return known[1]
-        address = _host_address(a)
-        if _data_fixed():
-            if len(_ADDRESSES) >= _ADDRESSES_KEPT:
-                _ADDRESSES.clear()
-            _ADDRESSES[id(a)] = (weakref.ref(a), address)
-        return address
+        try:
+            return _BUFFER(a).address
+        except (BufferError, TypeError, ValueError):  # not contiguous, or not a plain buffer
+            return a.__array_interface__["data"][0]
     return a.data.ptr
 
 
-def _host_address(a: np.ndarray) -> int:
-    if a.flags.writeable:  # a third of the time of __array_interface__, which makes a dict
-        try:
-            return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
-        except (TypeError, ValueError, BufferError):  # a buffer that ctypes cannot take
-            pass
-    return a.__array_interface__["data"][0]
-
-
-#: the addresses of the NumPy arrays last asked for, by ``id``, each with a weak reference
-#: that tells the array from a later one of the same ``id``: reading an address costs a
-#: microsecond or more, and the in-place forms read the same buffers' call after call. An
-#: array's memory never moves where NumPy refuses to set ``ndarray.data`` (:func:`_data_fixed`).
-_ADDRESSES: dict[int, tuple[weakref.ref, int]] = {}
-_ADDRESSES_KEPT = 64
-
-
-@functools.cache
-def _data_fixed() -> bool:
-    """Whether this NumPy refuses ``ndarray.data = ...`` (older ones allowed it, deprecated)."""
-    probe = np.zeros(1)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            probe.data = np.zeros(1).data  # type: ignore[misc]
-    except AttributeError:
-        return True
-    return False
+#: mpi4py's view of a buffer (``MPI.memory`` before mpi4py 4): the cheapest way to a NumPy
+#: array's address, read-only arrays included (``ctypes`` takes writeable ones only, and
+#: ``__array_interface__`` builds a dict each time), so cheap that no address is remembered
+_BUFFER = getattr(MPI, "buffer", None) or MPI.memory
 
 
 def is_slot(part: Any, whole: Any, index: int) -> bool:
     """True when ``part`` is exactly ``whole[index]`` (the in-place forms of gather/scatter)."""
     if part is None or whole is None or part.nbytes * whole.shape[0] != whole.nbytes:
         return False
-    if isinstance(part, np.ndarray) and not may_share_memory(part, whole):
-        return False
+    if isinstance(part, np.ndarray):
+        base = part.base  # a view of whole, or of the array whole views: no bounds to compare
+        if base is None or (base is not whole and base is not whole.base):
+            if not may_share_memory(part, whole):
+                return False
     return _address(part) == _address(whole) + index * part.nbytes

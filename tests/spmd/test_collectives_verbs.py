@@ -369,8 +369,8 @@ def test_all_gather(comm, xp):
 
 
 def test_in_place_forms_told_apart_from_new_arrays_made_where_old_views_were(comm, xp):
-    # the addresses of arrays are remembered by id (reading one costs a microsecond): a view
-    # that is gone and a new array that takes its id must never be taken for each other
+    # a view that is gone and a new array that takes its id must never be taken for each
+    # other (as a cache of addresses by id would, without a weak reference to tell them apart)
     size, rank = comm.size, comm.rank
     stack = np.stack([np.full(3, r + 1, np.float32) for r in range(size)])
     for i in range(40):
