@@ -128,7 +128,12 @@ def summarize(schedule, gathered: list[dict]) -> dict:
     best = min(range(len(step_times)), key=step_times.__getitem__)
     measured = pipeline.from_trace(schedule, [r["traces"][best] for r in gathered])
     backward = median.get("B", median.get("I", 0.0) + median.get("W", 0.0))
-    simulated = pipeline.simulate(schedule, median["F"], backward, median.get("W"))
+    weight = median.get("W")
+    if weight and "I" in median:
+        # W's share of a split backward, of the backward simulated: where a schedule has
+        # whole backwards too (DualPipe-V), a W timed alone can outlast a whole B
+        weight = backward * weight / (median["I"] + weight)
+    simulated = pipeline.simulate(schedule, median["F"], backward, weight)
     return {
         "schedule": schedule.name,
         "ranks": schedule.ranks,
