@@ -33,7 +33,6 @@ from . import groups
 from .device import (
     choose_device,
     create_communicator,
-    cuda_runtime,
     nccl_unavailable_reason,
     new_stream,
     placement,
@@ -41,9 +40,10 @@ from .device import (
     use_device,
 )
 from .device import event_done as _event_done  # noqa: F401  (imported from here)
+from .device import finished as _finished
 from .flight import WATCHDOG_PERIOD_S, NcclPending, WatchedCommunicator
 from .nan import nan_flags, put_nan
-from .rules import cuda_error, event_query_done, nccl_error
+from .rules import cuda_error, nccl_error
 
 __all__ = [
     "SPLIT_VERSION",
@@ -219,23 +219,18 @@ class NcclBackend(WatchedCommunicator):
         stream finish in issue order: the first unfinished one ends the look, so a host that
         issues far ahead of the device pays for the calls that finished, not for every call
         in flight."""
-        runtime = cuda_runtime()
-        query = runtime.eventQuery  # (device.finished, without its two calls: once a call)
         try:
             with self._lock:
                 done = 0
                 for p, _ in self._in_flight:
-                    event = p.event
-                    if event is None or not event_query_done(
-                        query(event.ptr), runtime.CUDARuntimeError
-                    ):
+                    if not _finished(p):
                         break
                     done += 1
                 if not done:
                     return
                 finished = self._in_flight[:done]
                 del self._in_flight[:done]
-        except runtime.CUDARuntimeError as e:
+        except self.cupy.cuda.runtime.CUDARuntimeError as e:
             self.fail(cuda_error("a call in flight", e))
             return
         for p, _ in finished:

@@ -63,12 +63,12 @@ def event_done(event: Any) -> bool:
     """Whether a ``cupy.cuda.Event`` has completed. CuPy's ``Event.done`` is
     ``eventQuery(ptr) == 0``, which after a kernel fault says "not yet" for ever; this
     raises ``CUDARuntimeError`` for a status other than success or not-ready."""
-    runtime = cuda_runtime()
+    runtime = _runtime()
     return event_query_done(runtime.eventQuery(event.ptr), runtime.CUDARuntimeError)
 
 
 @functools.cache
-def cuda_runtime() -> Any:
+def _runtime() -> Any:
     """``cupy.cuda.runtime``, imported on first use (an import statement per query costs
     more than the query)."""
     from cupy.cuda import runtime
@@ -80,7 +80,7 @@ def use_device(device: int) -> int:
     """Make ``device`` this thread's current one; the one that was (for :func:`restore_device`).
     As ``with cupy.cuda.Device(device)`` does, without its objects: a device already current
     is not set again."""
-    runtime = cuda_runtime()
+    runtime = _runtime()
     previous = runtime.getDevice()
     if previous != device:
         runtime.setDevice(device)
@@ -90,7 +90,7 @@ def use_device(device: int) -> int:
 def restore_device(previous: int, device: int) -> None:
     """Make ``previous`` current again where :func:`use_device` changed it."""
     if previous != device:
-        cuda_runtime().setDevice(previous)
+        _runtime().setDevice(previous)
 
 
 def create_communicator(bootstrap: Bootstrap, device: int) -> Any:
