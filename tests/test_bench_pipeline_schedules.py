@@ -32,6 +32,10 @@ def test_a_weight_step_timed_longer_than_a_whole_backward_is_simulated(name):
     assert row["simulated"]["makespan_ms"] > 0
     kinds = {a.kind.name for acts in schedule.actions for a in acts}
     assert set(row["action_ms"]) == kinds
-    if "B" not in kinds:  # split backwards only: I + W and W themselves are simulated
+    if {"B", "W"} <= kinds:  # whole and split backwards: W's share of a split one, of a B
+        want = pipeline.simulate(schedule, 1.0, 0.75, 0.75 * 1.2 / (0.3 + 1.2)).makespan
+    elif "W" in kinds:  # split backwards only: I + W and W themselves are simulated
         want = pipeline.simulate(schedule, 1.0, 0.3 + 1.2, 1.2).makespan
-        assert row["simulated"]["makespan_ms"] == pytest.approx(1e3 * want)
+    else:
+        want = pipeline.simulate(schedule, 1.0, 0.75, None).makespan
+    assert row["simulated"]["makespan_ms"] == pytest.approx(1e3 * want)
