@@ -24,6 +24,12 @@ class ReduceOp(enum.IntEnum):
         return self.name.lower()
 
 
+#: the members as module globals, for the per-call paths: an enum class's attribute is read
+#: through its metaclass, several times slower than a global on Python 3.11
+SUM, MAX, MIN, AVG = ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG
+#: the reductions that pick one rank's value (NCCL's lose NaNs: :mod:`collectives._nccl.nan`)
+MAX_OR_MIN = frozenset({MAX, MIN})
+
 BY_NAME: dict = {op.name.lower(): op for op in ReduceOp}
 BY_NAME.update({op: op for op in ReduceOp})
 

@@ -28,7 +28,7 @@ from .._core.backend import BackendContext, Verb
 from .._core.work import COMPLETED, MpiPending, Pending, chain
 from .._errors import CollectivesError
 from .._numerics import bfloat16_to_float32, divide_in_place, float32_to_bfloat16
-from .._ops import ReduceOp
+from .._ops import AVG, ReduceOp
 from .._safety.progress import BLOCKING_CALLS
 from . import parts as _mpi_parts
 from .tables import (  # noqa: F401  (the backend's names, imported from here)
@@ -85,7 +85,7 @@ def _in_float32(name: str, op: ReduceOp | None) -> bool:
     """Whether a reduction of dtype ``name`` runs on float32 copies: those this MPI cannot
     reduce (UPCAST), and float16's AVG on every MPI, whose sum would overflow (past 65504)
     where the mean does not, as NCCL's avg (which divides before summing) never does."""
-    return name in UPCAST or (op is ReduceOp.AVG and name == "float16")
+    return name in UPCAST or (op is AVG and name == "float16")
 
 
 #: the dtypes some reduction of which may run on float32 copies, looked up first: the others
@@ -251,7 +251,7 @@ class MpiBackend:
             return self._in_parts(lambda x, out: self.all_reduce(x, out, name, op), x, out)
         t = MPI_TYPE[name]
         send = MPI.IN_PLACE if out is x else [x, t]
-        then = None if op is not ReduceOp.AVG else self._avg(op, out)
+        then = None if op is not AVG else self._avg(op, out)
         return self._post(MPI.Comm.Iallreduce, send, [out, t], MPI_OP[op], then=then)
 
     def reduce(self, x: Any, out: Any, name: str, op: ReduceOp, root: int) -> MpiPending:
@@ -499,7 +499,7 @@ class MpiBackend:
         return MpiPending(cast(MPI.Request, _AllOf(parts)), (x, out), self.in_flight)
 
     def _avg(self, op: ReduceOp | None, out: Any) -> Callable[[], None] | None:
-        if op is not ReduceOp.AVG:
+        if op is not AVG:
             return None
         size = self.size
         return lambda: divide_in_place(out, size)

@@ -15,7 +15,7 @@ device, its stream and communicator creation in :mod:`collectives._nccl.device`.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from .. import _numerics
 from .._arrays import is_slot
@@ -28,7 +28,7 @@ from .._errors import (
     CommunicatorStateError,
     InvalidArgumentError,
 )
-from .._ops import ReduceOp
+from .._ops import AVG, SUM, ReduceOp
 from . import groups
 from .device import (
     choose_device,
@@ -86,27 +86,33 @@ class NcclBackend(WatchedCommunicator):
     def check_arrays(self, call: str, x: Any, out: Any) -> None:
         self._checked_caller = None
         caller = self._check_not_capturing(call)
-        for arg, a in (("x", x), ("out", out)):
-            if a is None or (arg == "out" and out is x):
-                continue
-            if not isinstance(a, self.cupy.ndarray):
-                raise InvalidArgumentError(
-                    f"{call}: {arg} must be a CuPy array on device {self.device} for the "
-                    f"nccl backend, got {type(a).__module__}.{type(a).__name__}"
-                )
-            if a.device.id != self.device:
-                current = self.cupy.cuda.Device().id
-                hint = (
-                    f"; this thread's current device is {current}: make the arrays inside "
-                    "`with comm.device_scope():`"
-                    if current != self.device
-                    else ""
-                )
-                raise InvalidArgumentError(
-                    f"{call}: {arg} is on device {a.device.id}, expected device "
-                    f"{self.device} (the communicator's){hint}"
-                )
+        ndarray, device = self.cupy.ndarray, self.device
+        if x is not None and (not isinstance(x, ndarray) or x.device.id != device):
+            self._refuse(call, "x", x)
+        if out is not None and out is not x:
+            if not isinstance(out, ndarray) or out.device.id != device:
+                self._refuse(call, "out", out)
         self._checked_caller = caller
+
+    def _refuse(self, call: str, arg: str, a: Any) -> NoReturn:
+        """Raise the error for an array this backend cannot take: not CuPy's, or on another
+        device than the communicator's."""
+        if not isinstance(a, self.cupy.ndarray):
+            raise InvalidArgumentError(
+                f"{call}: {arg} must be a CuPy array on device {self.device} for the "
+                f"nccl backend, got {type(a).__module__}.{type(a).__name__}"
+            )
+        current = self.cupy.cuda.Device().id
+        hint = (
+            f"; this thread's current device is {current}: make the arrays inside "
+            "`with comm.device_scope():`"
+            if current != self.device
+            else ""
+        )
+        raise InvalidArgumentError(
+            f"{call}: {arg} is on device {a.device.id}, expected device "
+            f"{self.device} (the communicator's){hint}"
+        )
 
     def _check_not_capturing(self, call: str) -> Any:
         """Refuse a call while the caller's stream captures a CUDA graph: each call's
@@ -241,12 +247,12 @@ class NcclBackend(WatchedCommunicator):
         return (a.size * 2 if name in COMPLEX else a.size), NCCL_TYPE[name]
 
     def _op(self, op: ReduceOp) -> int:
-        return NCCL_OP[ReduceOp.SUM if op is ReduceOp.AVG and not self.has_avg else op]
+        return NCCL_OP[SUM if op is AVG and not self.has_avg else op]
 
     def _avg_fallback(self, op: ReduceOp, out: Any) -> Callable[[], None] | None:
         """NCCL before 2.10 has no ncclAvg: the division that follows the reduction on the
         stream (``_launch``'s ``then``), or None."""
-        if op is ReduceOp.AVG and not self.has_avg:
+        if op is AVG and not self.has_avg:
             return lambda: _numerics.divide_in_place(out, self.size)
         return None
 

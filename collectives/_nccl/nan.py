@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._ops import ReduceOp
+from .._ops import MAX_OR_MIN, ReduceOp
 
 #: the dtypes whose max and min need the NaN bytes
 FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
@@ -28,7 +28,7 @@ def nan_flags(cupy: Any, op: ReduceOp, name: str, x: Any, device: int) -> Any | 
         >>> nan_flags(None, ReduceOp.SUM, "float32", x, 0) is None   # sum needs none
         True
     """
-    if op not in (ReduceOp.MAX, ReduceOp.MIN) or name not in FLOATS:
+    if op not in MAX_OR_MIN or name not in FLOATS:
         return None
     with cupy.cuda.Device(device):
         if name == "bfloat16":  # bits: an all-ones exponent and a mantissa that is not 0
