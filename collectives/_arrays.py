@@ -213,11 +213,10 @@ def overlap_check(call: str, x: Any, out: Any) -> bool:
     """True when ``out`` is ``x``'s memory (in place); partial overlap is an error."""
     if x is out:
         return True
-    if isinstance(x, np.ndarray):
-        if not may_share_memory(x, out):  # a C-level extent check: the common answer
-            return False
-    elif x.base is None and out.base is None:
+    if x.base is None and out.base is None:
         return False  # two arrays that each own their memory cannot overlap
+    if isinstance(x, np.ndarray) and not may_share_memory(x, out):
+        return False  # a C-level extent check: the common answer for views
     x_ptr, out_ptr = _address(x), _address(out)
     if x_ptr == out_ptr and x.nbytes == out.nbytes:
         return True
@@ -275,6 +274,8 @@ def is_slot(part: Any, whole: Any, index: int) -> bool:
         return False
     if isinstance(part, np.ndarray):
         base = part.base  # a view of whole, or of the array whole views: no bounds to compare
+        if base is None and whole.base is None and part is not whole:
+            return False  # two arrays that each own their memory are apart
         if base is None or (base is not whole and base is not whole.base):
             if not may_share_memory(part, whole):
                 return False

@@ -20,13 +20,17 @@ from typing import Any
 import numpy as np
 
 from .._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
-from .._dtypes import check_op_for_dtype
+from .._dtypes import COMPLEX, check_op_for_dtype
 from .._errors import InvalidArgumentError
-from .._ops import ReduceOp, parse_op
+from .._ops import BY_NAME, ReduceOp, parse_op
 
 
 def checked_op(call: str, op: Any, name: str) -> ReduceOp:
     """``op`` as a :class:`ReduceOp`, one that reduces dtype ``name``."""
+    if (type(op) is str or type(op) is ReduceOp) and name not in COMPLEX:
+        known = BY_NAME.get(op)  # "sum" or ReduceOp.SUM: every real dtype takes every op
+        if known is not None:
+            return known
     op = parse_op(op, call)
     check_op_for_dtype(op, name, call)
     return op
