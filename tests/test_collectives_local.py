@@ -53,6 +53,20 @@ def test_every_verb_at_size_one(comm):
     assert work.is_completed()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
+@pytest.mark.parametrize("async_op", [False, True])
+def test_in_place_reduce_scatter_at_size_one(comm, dtype, async_op):
+    # x[0] is the rank's slot: MPI's own in-place form, whose result lands in x[0]
+    for op in ("sum", "prod", "max", "min", "avg"):
+        x = np.arange(1, 7, dtype=dtype).reshape(1, 2, 3)
+        ref = x.copy()
+        result = comm.reduce_scatter(x, op=op, out=x[0], async_op=async_op)
+        if async_op:
+            result = result.wait()
+        assert np.shares_memory(result, x) and result.shape == (2, 3)
+        np.testing.assert_array_equal(x, ref)
+
+
 def test_int_avg_and_bfloat16_at_size_one(comm):
     x = np.array([-3, 3, 7], np.int32)
     np.testing.assert_array_equal(comm.all_reduce(x, op="avg"), [-3, 3, 7])
