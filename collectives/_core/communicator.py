@@ -25,9 +25,8 @@ from mpi4py import MPI
 
 from .. import _timeline
 from .._arrays import as_given, unwrap
-from .._dtypes import COMPLEX
 from .._errors import CollectivesError, InvalidArgumentError
-from .._ops import BY_NAME, ReduceOp
+from .._ops import ReduceOp
 from .._safety import fork as _fork
 from .._safety.guard import Guard
 from .._safety.progress import INSIDE, ProgressBoard
@@ -166,8 +165,7 @@ class Communicator:
         """
         given = x, out
         x, name = unwrap(x, "all_reduce")
-        rop = BY_NAME.get(op) if type(op) is str else None
-        op = rop if rop is not None and name not in COMPLEX else self._op("all_reduce", op, name)
+        op = self._op("all_reduce", op, name)
         out = x if out is None else self._out("all_reduce", out, x, name, x.shape)
         result = out if name != "bfloat16" else as_given(out, name, *given)
         impl = self._impl
