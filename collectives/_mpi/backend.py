@@ -303,17 +303,10 @@ class MpiBackend:
             return self._via_float32(
                 lambda x, out, name: self.reduce_scatter(x, out, name, op), x, out, name
             )
-        if is_slot(out, x, self.rank):
-            if self.size == 1 and out.size <= MAX_COUNT:  # x[0] is x[rank]: MPI's own form
-                t = MPI_TYPE[name]
-                return self._post(
-                    MPI.Comm.Ireduce_scatter_block,
-                    MPI.IN_PLACE,
-                    [x, t],
-                    MPI_OP[op],
-                    then=self._avg(op, out),
-                )
-            # MPI's in-place form leaves the result in x[0], not x[rank]: go through a copy.
+        in_place = is_slot(out, x, self.rank)
+        if in_place and (self.size > 1 or out.size > MAX_COUNT):
+            # MPI's in-place form leaves the result in x[0], which is x[rank] at one rank
+            # only: elsewhere go through a copy.
             result = array_module(out).empty_like(out)
             pending = self.reduce_scatter(x, result, name, op)
             pending.then(lambda: _copy(out, result))
@@ -323,23 +316,15 @@ class MpiBackend:
         t = MPI_TYPE[name]
         if self.size == 2 and self._library.sendrecv_posted and not self.cuda_aware:
             return self._exchange(x, out, t, op)
+        send, receive = (MPI.IN_PLACE, [x, t]) if in_place else ([x, t], [out, t])
         counted = self._library.counted_reduce_scatter & (2 if self.blocking else 1)
         if counted and out.nbytes >= COUNTED_FROM:
             counts = [out.size] * self.size
             return self._post(
-                MPI.Comm.Ireduce_scatter,
-                [x, t],
-                [out, t],
-                counts,
-                MPI_OP[op],
-                then=self._avg(op, out),
+                MPI.Comm.Ireduce_scatter, send, receive, counts, MPI_OP[op], then=self._avg(op, out)
             )
         return self._post(
-            MPI.Comm.Ireduce_scatter_block,
-            [x, t],
-            [out, t],
-            MPI_OP[op],
-            then=self._avg(op, out),
+            MPI.Comm.Ireduce_scatter_block, send, receive, MPI_OP[op], then=self._avg(op, out)
         )
 
     def _exchange(self, x: Any, out: Any, t: MPI.Datatype, op: ReduceOp) -> MpiPending:
