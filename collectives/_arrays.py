@@ -209,12 +209,24 @@ def same_kind(call: str, x: Any, x_name: str, out: Any, out_name: str, shape: tu
 may_share_memory = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
 
 
+def separate_owners(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are two arrays that each own their memory, and so share none
+    (no extents to compare).
+
+    Example:
+        >>> a, b = np.zeros(4), np.zeros(4)
+        >>> separate_owners(a, b), separate_owners(a, a), separate_owners(a, a[1:])
+        (True, False, False)
+    """
+    return a is not b and a.base is None and b.base is None
+
+
 def overlap_check(call: str, x: Any, out: Any) -> bool:
     """True when ``out`` is ``x``'s memory (in place); partial overlap is an error."""
     if x is out:
         return True
-    if x.base is None and out.base is None:
-        return False  # two arrays that each own their memory cannot overlap
+    if separate_owners(x, out):
+        return False
     if isinstance(x, np.ndarray) and not may_share_memory(x, out):
         return False  # a C-level extent check: the common answer for views
     x_ptr, out_ptr = _address(x), _address(out)
@@ -272,10 +284,10 @@ def is_slot(part: Any, whole: Any, index: int) -> bool:
     """True when ``part`` is exactly ``whole[index]`` (the in-place forms of gather/scatter)."""
     if part is None or whole is None or part.nbytes * whole.shape[0] != whole.nbytes:
         return False
+    if separate_owners(part, whole):
+        return False
     if isinstance(part, np.ndarray):
         base = part.base  # a view of whole, or of the array whole views: no bounds to compare
-        if base is None and whole.base is None and part is not whole:
-            return False  # two arrays that each own their memory are apart
         if base is None or (base is not whole and base is not whole.base):
             if not may_share_memory(part, whole):
                 return False

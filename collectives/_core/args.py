@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import array_module, is_slot, may_share_memory, overlap_check, same_kind, unwrap
+from .._arrays import (
+    array_module,
+    is_slot,
+    may_share_memory,
+    overlap_check,
+    same_kind,
+    separate_owners,
+    unwrap,
+)
 from .._dtypes import COMPLEX, check_op_for_dtype
 from .._errors import InvalidArgumentError
 from .._ops import BY_NAME, ReduceOp, parse_op
@@ -118,8 +126,7 @@ def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
         and out.shape == shape
         and (flags := out.flags).c_contiguous
         and flags.writeable
-        # two arrays that each own their memory are apart; otherwise compare extents
-        and ((out.base is None and x.base is None) or not may_share_memory(x, out))
+        and (separate_owners(x, out) or not may_share_memory(x, out))
     ):
         return out
     out, out_name = unwrap(out, call, "out")
