@@ -53,6 +53,36 @@ def test_every_verb_at_size_one(comm):
     assert work.is_completed()
 
 
+@pytest.mark.parametrize("verb", ["all_gather", "gather", "reduce_scatter", "scatter"])
+def test_slot_verbs_take_out_apart_or_in_place_and_refuse_an_overlap(comm, verb):
+    """The verbs whose in-place form has one array be the rank's slot of the other: an ``out``
+    apart from ``x`` (its own memory, or a view of memory x does not reach) is written and
+    handed back, the slot itself is the in-place form, and any other overlap is refused."""
+    gathers = verb in ("all_gather", "gather")
+    call = getattr(comm, verb)
+    root = () if verb in ("all_gather", "reduce_scatter") else (0,)
+
+    def run(x, out):
+        return call(x, *root, out=out)
+
+    part = np.arange(3.0)
+    want = part[None] if gathers else part
+    # apart: an array of its own, and a view of a buffer x does not reach
+    for out in (np.empty_like(want), np.empty(2 * want.size)[want.size :].reshape(want.shape)):
+        assert run(part if gathers else part[None], out) is out
+        np.testing.assert_array_equal(out, want)
+    # in place: x is out[0] (gathers) or out is x[0]
+    whole = part[None].copy()
+    x, out = (whole[0], whole) if gathers else (whole, whole[0])
+    assert run(x, out) is out
+    np.testing.assert_array_equal(whole[0], part)
+    # overlapping, but not the slot
+    flat = np.arange(4.0)
+    x, out = (flat[1:4], flat[0:3][None]) if gathers else (flat[0:3][None], flat[1:4])
+    with pytest.raises(col.InvalidArgumentError, match="overlaps"):
+        run(x, out)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("count", [6, 1 << 15])  # also past COUNTED_FROM (64 KiB a rank)
@@ -160,3 +190,32 @@ def test_calls_are_numbered_and_recorded_whatever_their_form(comm):
         (2, "broadcast", "completed"),
         (3, "all_reduce", "completed"),
     ]
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_in_place_calls_at_size_one_keep_their_input_and_are_recorded(comm, async_op):
+    """Alone, a call in place (and broadcast) moves nothing: MPI is not called, and the result
+    is the input, in its own array, every call numbered and recorded as any other."""
+    g = np.arange(6.0).reshape(1, 6)
+    y = g[0].copy()
+    calls = [
+        ("all_reduce", lambda: comm.all_reduce(y, op="avg", async_op=async_op), y),
+        ("reduce", lambda: comm.reduce(y, 0, "max", async_op=async_op), y),
+        ("broadcast", lambda: comm.broadcast(y, async_op=async_op), y),
+        ("all_gather", lambda: comm.all_gather(g[0], out=g, async_op=async_op), g),
+        ("reduce_scatter", lambda: comm.reduce_scatter(g, out=g[0], async_op=async_op), None),
+        ("all_to_all", lambda: comm.all_to_all(g, out=g, async_op=async_op), g),
+        ("gather", lambda: comm.gather(g[0], 0, out=g, async_op=async_op), g),
+        ("scatter", lambda: comm.scatter(g, 0, out=g[0], async_op=async_op), None),
+    ]
+    before = len(comm.flight_record())
+    for name, call, same in calls:
+        result = call()
+        if async_op:
+            result = result.wait()
+        if same is not None:
+            assert result is same, name
+        np.testing.assert_array_equal(y, np.arange(6.0))
+        np.testing.assert_array_equal(g, np.arange(6.0)[None])
+    record = comm.flight_record()[before:]
+    assert [(e["call"], e["state"]) for e in record] == [(n, "completed") for n, _, _ in calls]

@@ -115,20 +115,30 @@ def new_like(x: Any, shape: tuple) -> Any:
         return xp.empty(shape, x.dtype)
 
 
-def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
-    """``out`` (unwrapped) where it is of ``x``'s kind and of ``shape``; ``x`` when it is
-    ``x`` itself."""
-    if (  # the common case, accepted without the general checks: a writeable NumPy array of
-        # x's dtype and of the shape, apart from x
+def plain_like(out: Any, x: Any, shape: tuple) -> bool:
+    """Whether ``out`` passes the checks of its kind without them: a C-contiguous NumPy
+    array of ``x``'s dtype (``x`` a NumPy array) and of ``shape``. Where they meet is left to
+    check.
+
+    Example:
+        >>> x = np.zeros((2, 3))
+        >>> plain_like(np.zeros(3), x, (3,)), plain_like(np.zeros(3, np.float32), x, (3,))
+        (True, False)
+    """
+    return (
         type(out) is np.ndarray
         and type(x) is np.ndarray
         and out.dtype is x.dtype
         and out.shape == shape
-        and (flags := out.flags).c_contiguous
-        and flags.writeable
-        and (separate_owners(x, out) or not may_share_memory(x, out))
-    ):
-        return out
+        and out.flags.c_contiguous
+    )
+
+
+def checked_out(call: str, out: Any, x: Any, name: str, shape: tuple) -> Any:
+    """``out`` (unwrapped) where it is of ``x``'s kind and of ``shape``; ``x`` when it is
+    ``x`` itself."""
+    if plain_like(out, x, shape) and (separate_owners(x, out) or not may_share_memory(x, out)):
+        return out  # the common case: apart from x
     out, out_name = unwrap(out, call, "out")
     same_kind(call, x, name, out, out_name, shape)
     return x if overlap_check(call, x, out) else out
@@ -138,8 +148,11 @@ def checked_slot_out(
     call: str, out: Any, x: Any, name: str, shape: tuple, rank: int, out_is_part: bool = False
 ) -> Any:
     """``out`` for calls whose in-place form has one array be the rank's slot of the other."""
-    out, out_name = unwrap(out, call, "out")
-    same_kind(call, x, name, out, out_name, shape)
+    if not plain_like(out, x, shape):
+        out, out_name = unwrap(out, call, "out")
+        same_kind(call, x, name, out, out_name, shape)
+    elif separate_owners(x, out):
+        return out  # the common out-of-place call
     part, whole = (out, x) if out_is_part else (x, out)
     if not is_slot(part, whole, rank):
         overlap_check(call, x, out)

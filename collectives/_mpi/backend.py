@@ -121,6 +121,11 @@ _BLOCKING_FORM: dict[Callable[..., MPI.Request], Callable[..., None]] = {
     MPI.Comm.Ibarrier: MPI.Comm.Barrier,
 }
 
+#: at one rank, a broadcast and a collective in place (``MPI.IN_PLACE`` its send buffer, or
+#: scatter's receive buffer) move nothing: their result there is their input (``is``, never
+#: ``==``: Open MPI's IN_PLACE equals 1)
+_IN_PLACE, _IBCAST = MPI.IN_PLACE, MPI.Comm.Ibcast
+
 #: the progress board's code of each call that may block (``BLOCKING_CALLS``)
 _INSIDE_CODE = {call: code for code, call in BLOCKING_CALLS.items()}
 
@@ -414,7 +419,11 @@ class MpiBackend:
         if self._until_reap <= 0 or len(self.in_flight) >= self._reap_at:
             self._reap()
         blocking = self._forms.get(start)
-        if blocking is None:
+        if self.size == 1 and (
+            start is _IBCAST or (len(args) > 1 and (args[0] is _IN_PLACE or args[1] is _IN_PLACE))
+        ):
+            pass  # alone, and moving nothing: MPI is not called (some libraries copy even then)
+        elif blocking is None:
             request = start(self.comm, *args)
             tests = _TESTS_AT_POST if self._waiter.yield_after else _ONE_TEST
             for _ in tests:  # a small call is most often done within a few
