@@ -87,7 +87,8 @@ def test_slot_verbs_take_out_apart_or_in_place_and_refuse_an_overlap(comm, verb)
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("count", [6, 1 << 15])  # also past COUNTED_FROM (64 KiB a rank)
 def test_in_place_reduce_scatter_at_size_one(comm, dtype, async_op, count):
-    # x[0] is the rank's slot: MPI's own in-place form, whose result lands in x[0]
+    # x[0] is the rank's slot: the in-place form (of either call form, counted or not), which
+    # alone moves nothing and leaves x as it was
     for op in ("sum", "prod", "max", "min", "avg"):
         x = (np.arange(count) % 7 + 1).astype(dtype).reshape(1, 2, count // 2)
         ref, mine = x.copy(), x[0]
